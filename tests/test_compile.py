@@ -1,0 +1,131 @@
+"""Compiled speculative configs and serve argv: golden files and cross-section rules."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from specflow.compile import serve_argv
+from specflow.config import load_plan
+from specflow.errors import SpecError
+from specflow.methods import METHODS
+
+from .conftest import run_cli
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("SPECFLOW_UPDATE_GOLDEN") == "1"
+
+PAIRS = [
+    ("qwen3_5_27b", "mtp"),
+    ("gemma4_26b_a4b", "gemma4_mtp"),
+    ("qwen3_8b", "eagle3"),
+    ("qwen3_8b", "dflash"),
+    ("qwen3_8b", "dspark"),
+    ("qwen3_8b", "ngram"),
+    ("qwen3_8b", "draft_model"),
+    ("llama3_1_8b", "eagle3"),
+    ("tiny", "draft_model"),
+]
+
+
+def _golden_view(plan) -> list[dict]:  # noqa: ANN001
+    return [{"name": e.name, "speculative_config": e.speculative_config,
+             "serve_argv": list(e.serve_argv)} for e in plan.engine_configs]
+
+
+@pytest.mark.parametrize(("target", "drafter"), PAIRS, ids=[f"{t}-{d}" for t, d in PAIRS])
+def test_golden(target: str, drafter: str) -> None:
+    _, plan = load_plan([f"target={target}", f"drafter={drafter}"])
+    got = _golden_view(plan)
+    path = GOLDEN / f"{target}__{drafter}.json"
+    if UPDATE or not path.exists():
+        assert UPDATE, f"missing golden {path}; regenerate with SPECFLOW_UPDATE_GOLDEN=1"
+        path.write_text(json.dumps(got, indent=2) + "\n")
+    assert got == json.loads(path.read_text())
+
+
+def test_golden_content_is_what_vllm_expects() -> None:
+    """Spot-check the goldens against vLLM 0.32's rules, not just against themselves."""
+    mtp = json.loads((GOLDEN / "qwen3_5_27b__mtp.json").read_text())
+    assert mtp[1]["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
+    gemma = json.loads((GOLDEN / "gemma4_26b_a4b__gemma4_mtp.json").read_text())
+    assert gemma[1]["speculative_config"]["method"] == "mtp"
+    assert gemma[1]["speculative_config"]["model"] == "google/gemma-4-26B-A4B-it-assistant"
+    ngram = json.loads((GOLDEN / "qwen3_8b__ngram.json").read_text())
+    sc = ngram[1]["speculative_config"]
+    assert sc["prompt_lookup_min"] <= sc["prompt_lookup_max"]
+    for entry in ngram:
+        argv = entry["serve_argv"]
+        assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-8B"]
+        assert "--trust-remote-code" not in argv
+        if entry["speculative_config"]:
+            i = argv.index("--speculative-config")
+            assert json.loads(argv[i + 1]) == entry["speculative_config"]
+
+
+def test_cli_compile_prints_the_plan_from_repo_root() -> None:
+    proc = run_cli("compile", "target=qwen3_8b", "drafter=eagle3")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert _golden_view_from_json(plan) == json.loads(
+        (GOLDEN / "qwen3_8b__eagle3.json").read_text())
+    assert len({e["hash"] for e in plan["engine_configs"]}) == len(plan["engine_configs"])
+
+
+def _golden_view_from_json(plan: dict) -> list[dict]:
+    return [{"name": e["name"], "speculative_config": e["speculative_config"],
+             "serve_argv": e["serve_argv"]} for e in plan["engine_configs"]]
+
+
+def test_mismatched_pair_exits_2_naming_drafter_and_supported_targets() -> None:
+    proc = run_cli("compile", "target=qwen3_8b", "drafter=gemma4_mtp")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "drafter.gemma4_mtp" in proc.stderr
+    assert "gemma4_26b_a4b" in proc.stderr and "gemma4_31b" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_hash_is_stable_and_content_based() -> None:
+    _, a = load_plan(["target=qwen3_8b", "drafter=eagle3"])
+    _, b = load_plan(["target=qwen3_8b", "drafter=eagle3", "sweep.repeats=7"])
+    assert [e.hash for e in a.engine_configs] == [e.hash for e in b.engine_configs]
+    assert a.hash != b.hash  # the plan (repeats) changed, the engines did not
+    _, c = load_plan(["target=qwen3_8b", "drafter=eagle3", "target.max_model_len=8192"])
+    assert {e.hash for e in a.engine_configs}.isdisjoint(e.hash for e in c.engine_configs)
+
+
+def test_baseline_added_when_not_selected_and_n_from_sweep() -> None:
+    _, plan = load_plan(["target=qwen3_8b", "drafter=eagle3",
+                         "+sweep.num_speculative_tokens.eagle3=[5,1,5]"])
+    assert [e.name for e in plan.engine_configs] == ["baseline", "eagle3-n1", "eagle3-n5"]
+
+
+def test_lookahead_slots_follow_vllm() -> None:
+    assert METHODS["dflash"].lookahead_slots(4) == 5
+    assert METHODS["eagle3"].lookahead_slots(4) == 4
+    assert METHODS["draft_model"].lookahead_slots(3) == 3
+    assert METHODS["ngram"].lookahead_slots(4) == 0
+    _, plan = load_plan(["target=qwen3_8b", "drafter=dflash"])
+    assert all(e.lookahead_slots == e.num_speculative_tokens + 1
+               for e in plan.engine_configs if e.method == "dflash")
+
+
+def test_mtp_reuse_warns_and_divisibility_rejects() -> None:
+    _, plan = load_plan(["target=qwen3_5_27b", "drafter=mtp"])
+    assert any("reuses" in w for w in plan.warnings)
+    with pytest.raises(SpecError) as info:
+        load_plan(["target=qwen3_5_27b", "drafter=mtp", "target.arch.mtp_depth=2",
+                   "+sweep.num_speculative_tokens.mtp=[2,3]"])
+    (problem,) = info.value.problems
+    assert problem.path == "sweep.num_speculative_tokens.mtp[1]"
+    assert "num_speculative_tokens:3 must be divisible by n_predict=2" in problem.problem
+
+
+def test_endpoint_backend_argv_ignores_engine_knobs_but_compiles() -> None:
+    loaded, plan = load_plan(["backend=endpoint", "backend.served_model_name=q", "drafter=none"])
+    assert [e.name for e in plan.engine_configs] == ["baseline"]
+    assert serve_argv(loaded.spec, None)[0] == "vllm"

@@ -1,0 +1,96 @@
+"""Every yaml of every group in conf/ composes with Hydra, validates and compiles."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from specflow.config import GROUPS, MULTI, conf_dir, load, load_plan, options
+
+CONF = conf_dir()
+
+
+def _raw(group: str, name: str) -> dict:
+    return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+
+
+def _overrides_for(group: str, name: str) -> list[str]:
+    """Overrides that select this entry in a context where it is meant to work."""
+    if group == "drafter":
+        entry = _raw(group, name)[name]
+        targets = entry.get("targets") or ["qwen3_8b"]
+        return [f"drafter=[none,{name}]", f"target={targets[0]}"]
+    if group == "workload":
+        return [f"workload=[{name}]"]
+    if group == "backend" and name == "endpoint":
+        return ["backend=endpoint", "backend.served_model_name=qwen3_8b"]
+    return [f"{group}={name}"]
+
+
+CASES = [(g, n) for g in GROUPS for n in options(g, CONF)]
+
+
+def test_every_group_has_entries() -> None:
+    for group in GROUPS:
+        assert options(group, CONF), f"conf/{group}/ is empty"
+
+
+@pytest.mark.parametrize(("group", "name"), CASES, ids=[f"{g}/{n}" for g, n in CASES])
+def test_entry_composes_validates_and_compiles(group: str, name: str) -> None:
+    loaded, plan = load_plan(_overrides_for(group, name))
+    spec = loaded.spec
+    if group in MULTI:
+        assert name in getattr(spec, group)
+    elif group in ("target", "hardware"):
+        assert getattr(spec, group).name == name
+    elif group != "experiment":
+        assert loaded.choices[group] == name
+    assert plan.engine_configs and plan.engine_configs[0].method == "none"
+    assert plan.num_points == (len(plan.engine_configs) * len(plan.workloads)
+                               * len(plan.concurrency) * plan.repeats)
+
+
+@pytest.mark.parametrize("name", options("drafter", CONF))
+def test_drafter_file_nests_under_its_own_name(name: str) -> None:
+    assert list(_raw("drafter", name)) == [name]
+
+
+@pytest.mark.parametrize("name", options("workload", CONF))
+def test_workload_file_nests_under_its_own_name(name: str) -> None:
+    assert list(_raw("workload", name)) == [name]
+
+
+@pytest.mark.parametrize("name", options("experiment", CONF))
+def test_experiment_is_a_global_overlay(name: str) -> None:
+    first = (CONF / "experiment" / f"{name}.yaml").read_text().splitlines()[0]
+    assert first.strip() == "# @package _global_"
+
+
+def test_required_entries_exist() -> None:
+    assert set(options("target", CONF)) >= {
+        "qwen3_8b", "gemma4_26b_a4b", "gemma4_31b", "qwen3_5_27b", "qwen3_5_122b_a10b",
+        "qwen3_6_35b_a3b", "llama3_1_8b", "tiny"}
+    assert set(options("drafter", CONF)) >= {
+        "none", "ngram", "suffix", "mtp", "gemma4_mtp", "eagle3", "dflash", "dspark",
+        "draft_model"}
+    assert set(options("hardware", CONF)) >= {
+        "h200", "h100_80gb", "mi300x", "mi355x", "rtx_pro_6000_96gb", "cpu"}
+
+
+def test_targets_state_memory_facts() -> None:
+    for name in options("target", CONF):
+        t = load([f"target={name}"]).spec.target
+        assert t.arch.layers, name
+        assert t.arch.num_params > 0 and t.arch.hidden_size > 0 and t.arch.vocab_size > 0
+        assert t.max_model_len > 0 and t.tensor_parallel_size >= 1
+
+
+def test_cpu_demo_is_the_small_real_sweep() -> None:
+    loaded, plan = load_plan(["experiment=cpu_demo"])
+    assert plan.target == "tiny" and plan.hardware == "cpu"
+    methods = {e.method for e in plan.engine_configs}
+    assert methods == {"none", "ngram", "draft_model"}
+    assert len(plan.workloads) == 2 and len(plan.concurrency) == 2 and plan.repeats >= 3
+    classes = {loaded.spec.workload[w].traffic_class for w in plan.workloads}
+    assert len(classes) == 2
+    assert all("--enforce-eager" in e.serve_argv for e in plan.engine_configs)
