@@ -197,6 +197,15 @@ def _check_drafter(spec: Spec, name: str, d: DrafterSpec, catalog: Catalog,
         problems.append(Problem(f"{at}.checkpoints.{target.name}.arch.vocab_size",
                                 "draft vocabulary differs from the target's", ckpt.arch.vocab_size,
                                 str(target.arch.vocab_size), source=src))
+    reserved = {"method", "model", "revision", "num_speculative_tokens", "prompt_lookup_min",
+                "prompt_lookup_max", "draft_tensor_parallel_size", "draft_sample_method",
+                "num_speculative_tokens_per_batch_size"}
+    for key in sorted(reserved & set(d.extra_speculative_config)):
+        problems.append(Problem(f"{at}.extra_speculative_config.{key}",
+                                "set by specflow from the drafter's own fields",
+                                d.extra_speculative_config[key],
+                                f"the field drafter.{name}.{key} (or the checkpoint) instead",
+                                source=src))
     if d.num_speculative_tokens_per_batch_size is not None:
         problems.extend(_check_schedule(f"{at}.num_speculative_tokens_per_batch_size",
                                         d.num_speculative_tokens_per_batch_size, src))

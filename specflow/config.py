@@ -8,6 +8,7 @@ field, the value, what is allowed, a did-you-mean and the file the value came fr
 from __future__ import annotations
 
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -321,6 +322,10 @@ def _check_overrides(overrides: Sequence[str], root: Path) -> tuple[list[Problem
         key = ov.key_or_group
         group = key.split("@", 1)[0]
         source = f"override {text}"
+        if not _KEY.fullmatch(key):
+            problems.append(Problem(f"override {text!r}", "malformed key", key,
+                                    "a dotted key such as sweep.repeats", source=source))
+            continue
         if group in GROUPS and not ov.is_delete():
             value = ov.value()
             chosen = value if isinstance(value, list) else [value]
@@ -357,6 +362,9 @@ def _check_overrides(overrides: Sequence[str], root: Path) -> tuple[list[Problem
     return problems, good
 
 
+_KEY = re.compile(r"[A-Za-z_][\w-]*(\.[\w-]+)*(/[\w-]+)*(@[\w.]+)?")
+
+
 def _unknown_part(parts: Sequence[str]) -> tuple[int, list[str]] | None:
     """Index of the first path part the schema does not know, with what it allows there."""
     tp: Any = Spec
@@ -377,8 +385,6 @@ def _unknown_part(parts: Sequence[str]) -> tuple[int, list[str]] | None:
 
 def _hydra_problem(exc: Exception, overrides: Sequence[str]) -> Problem:
     """Translate a Hydra composition failure into one problem line."""
-    import re
-
     text = str(exc)
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
@@ -423,7 +429,8 @@ def compose_raw(overrides: Sequence[str], root: Path) -> tuple[Any, dict]:
     try:
         with initialize_config_dir(config_dir=str(root), version_base=None, job_name="specflow"):
             cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+    except (HydraException, OmegaConfBaseException, ValueError, AssertionError) as exc:
+        # AssertionError: Hydra asserts on some malformed overrides instead of raising its own.
         raise SpecError([_hydra_problem(exc, overrides)]) from None
     finally:
         GlobalHydra.instance().clear()
@@ -439,13 +446,11 @@ def to_plain(cfg: Any, choices: dict[str, Any], sources: Sources) -> dict[str, A
 
     with open_dict(cfg):
         cfg.pop("hydra", None)
-    problems: list[Problem] = []
-    for key in sorted(OmegaConf.missing_keys(cfg)):
-        problems.append(Problem(key, "mandatory value not set", "???", "a value",
-                                    source=sources(key)))
-    if problems:
-        raise SpecError(problems)
     try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise SpecError([Problem(key, "mandatory value not set", "???", "a value",
+                                     source=sources(key)) for key in missing])
         data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or "conf"

