@@ -485,10 +485,15 @@ def load(overrides: Sequence[str] = (), root: Path | None = None) -> Loaded:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:
-        problems += problems_from_validation(err, sources)
+        raise SpecError(problems + problems_from_validation(err, sources)) from None
+    loaded = Loaded(spec, choices, overrides, data)
     if problems:
-        raise SpecError(problems)
-    return Loaded(spec, choices, overrides, data)
+        # The rest of the config is valid without the bad overrides: keep it so that the
+        # cross-section checks can still report their problems in the same run.
+        error = SpecError(problems)
+        error.partial = loaded  # type: ignore[attr-defined]
+        raise error
+    return loaded
 
 
 def load_spec(overrides: Sequence[str] = ()) -> Spec:
@@ -509,13 +514,23 @@ def load_plan(overrides: Sequence[str] = (), root: Path | None = None) -> tuple[
     from specflow.compile import compile_plan
 
     root = root or conf_dir()
-    loaded = load(overrides, root)
+    earlier: list[Problem] = []
+    try:
+        loaded = load(overrides, root)
+    except SpecError as err:
+        partial = getattr(err, "partial", None)
+        if partial is None:
+            raise
+        loaded, earlier = partial, err.problems
     sources = Sources(root, loaded.choices, loaded.overrides)
     try:
         plan = compile_plan(loaded.spec, catalog(root))
     except SpecError as err:
-        raise SpecError([Problem(p.path, p.problem, p.got, p.expected, p.suggestion,
-                                 _best_source(sources, p)) for p in err.problems]) from None
+        raise SpecError(earlier + [Problem(p.path, p.problem, p.got, p.expected, p.suggestion,
+                                           _best_source(sources, p)) for p in err.problems]
+                        ) from None
+    if earlier:
+        raise SpecError(earlier)
     return loaded, plan
 
 
