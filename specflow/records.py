@@ -1,0 +1,109 @@
+"""Frozen measurement records: what one measured window produced, as vLLM reported it.
+
+The runner creates them, tracking logs them, analysis reads them. Pure data, JSON round-trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+"""vLLM bench's latency families (milliseconds)."""
+LATENCY_STATS = ("mean", "median", "p50", "p90", "p99")
+"""Statistics kept per family; keys are vLLM's, e.g. `p99_tpot_ms`, `mean_ttft_ms`."""
+
+
+@dataclass(frozen=True)
+class PointKey:
+    """Identifies one measured window of a sweep."""
+
+    engine_hash: str
+    """EngineConfig.hash (what the engine was started with)."""
+    workload: str
+    """Workload name."""
+    concurrency: int
+    """Max in-flight requests."""
+    repeat: int
+    """Repeat index, from 0."""
+
+    @property
+    def id(self) -> str:
+        return f"{self.engine_hash}/{self.workload}/c{self.concurrency}/r{self.repeat}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured window (engine config x workload x concurrency x repeat)."""
+
+    key: PointKey
+    engine: str
+    """EngineConfig.name, e.g. `eagle3-n3` or `baseline`."""
+    drafter: str
+    """Drafter entry name (`none` for the baseline)."""
+    method: str
+    """Drafting method (`none` for the baseline)."""
+    num_speculative_tokens: int
+    """N (0 for the baseline)."""
+    traffic_class: str
+    """The workload's traffic class."""
+    status: Literal["ok", "failed"] = "ok"
+    """`failed` when the window produced no usable result (see `failure`)."""
+    failure: str | None = None
+    """Why it failed: one of start_failed, oom, crashed, hang, timeout, bench_failed, ..."""
+    failure_detail: str = ""
+    """Human-readable detail (e.g. the server log tail)."""
+    completed: int = 0
+    """Requests that finished."""
+    failed: int = 0
+    """Requests that errored."""
+    duration_s: float = 0.0
+    """Measured window length."""
+    output_throughput: float = 0.0
+    """Output tokens per second over the window."""
+    request_throughput: float = 0.0
+    """Requests per second over the window."""
+    total_token_throughput: float = 0.0
+    """Input + output tokens per second."""
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    """vLLM's latency statistics, keyed as in its result JSON (`p99_tpot_ms`, ...)."""
+    acceptance_rate: float | None = None
+    """accepted / draft tokens, as a fraction (None without speculation)."""
+    mean_acceptance_length: float | None = None
+    """1 + accepted / drafts."""
+    per_position_acceptance: tuple[float, ...] = ()
+    """accepted_at_position_i / drafts, i = 0..N-1 (non-increasing)."""
+    num_drafts: int | None = None
+    """Drafting steps in the window (counter delta)."""
+    draft_tokens: int | None = None
+    """Proposed tokens in the window (counter delta)."""
+    accepted_tokens: int | None = None
+    """Accepted tokens in the window (counter delta)."""
+    output_digests: tuple[str, ...] = ()
+    """Per-request sha256 of the generated text, in dataset order (quality gate)."""
+    prompt_hash: str = ""
+    """Content hash of the exact prompts sent."""
+    total_output_tokens: int = 0
+    """Output tokens generated in the window."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def latency(self, name: str) -> float | None:
+        """A latency statistic by vLLM's key, e.g. `p99_tpot_ms`."""
+        return self.latency_ms.get(name)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["per_position_acceptance"] = list(self.per_position_acceptance)
+        out["output_digests"] = list(self.output_digests)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Measurement:
+        data = dict(data)
+        data["key"] = PointKey(**data["key"])
+        data["per_position_acceptance"] = tuple(data.get("per_position_acceptance") or ())
+        data["output_digests"] = tuple(data.get("output_digests") or ())
+        return cls(**data)
