@@ -365,6 +365,15 @@ def compile_plan(spec: Spec, catalog: Catalog = Catalog()) -> SweepPlan:
             problems.append(Problem(f"sweep.num_speculative_tokens.{key}",
                                     "the baseline has no proposal length", key,
                                     "a speculative drafter"))
+    levels = sorted(set(spec.sweep.concurrency))
+    for i, (lo, hi) in enumerate(spec.promote.concurrency_bands):
+        if lo > hi:
+            problems.append(Problem(f"promote.concurrency_bands[{i}]", "low end above high end",
+                                    [lo, hi], "[low <= high]"))
+        elif not any(lo <= c <= hi for c in levels):
+            problems.append(Problem(f"promote.concurrency_bands[{i}]",
+                                    "no measured concurrency level falls in this band", [lo, hi],
+                                    f"a band containing one of sweep.concurrency {levels}"))
     if spec.backend.kind == "endpoint":
         speculative = [n for n, d in spec.drafter.items() if d.method != "none"]
         if len(speculative) > 1:

@@ -379,6 +379,9 @@ class SweepSpec(_Model):
     """Requests sent before each measured window and excluded from it."""
     include_baseline: bool = True
     """Add the no-speculation baseline even when drafter `none` is not selected."""
+    closing_baseline_repeats: int = Field(default=1, ge=0, le=100)
+    """Baseline windows measured again after every candidate: the drift check, and the
+    baseline's agreement with itself that calibrates the output-equality gate (0 disables)."""
     max_engine_configs: int = Field(default=64, ge=1)
     """Refuse plans larger than this (each engine config is one engine start)."""
 
@@ -424,6 +427,13 @@ class PromoteSpec(_Model):
     """Output-equality gate."""
     output_dir: str = "promoted"
     """Directory promoted configs are written to."""
+    min_repeats: int = Field(default=3, ge=2, le=100)
+    """OK repeats every point needs; fewer refuses the decision and names what to re-measure.
+    The defaults are calibrated for 5 repeats with the baseline bracketing the sweep."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the bootstrap resampling, so a decision is reproducible from its records."""
+    acceptance_drop: float = Field(default=0.05, gt=0.0, le=1.0)
+    """Per-position acceptance drop (absolute) against the previous champion that is flagged."""
 
 
 class EngineSpec(_Model):

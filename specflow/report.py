@@ -1,0 +1,289 @@
+"""Reports of a decision: a Markdown decision table and PNG plots, as files whose paths are
+returned (tracking logs them as artifacts).
+
+Plots use matplotlib's Agg canvas directly (no pyplot, no global backend state, no display).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, NullLocator
+
+from specflow.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What `write_report` wrote."""
+
+    report: Path
+    """The Markdown report."""
+    plots: tuple[Path, ...]
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return (self.report, *self.plots)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def _figure(ncols: int, title: str) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(4.2 * ncols + 1.0, 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    fig.suptitle(title)
+    return fig, axes
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _yerr(values: Sequence[float], los: Sequence[float], his: Sequence[float]) -> np.ndarray:
+    v = np.asarray(values)
+    return np.vstack([v - np.asarray(los), np.asarray(his) - v]).clip(min=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Plots
+
+
+def plot_throughput_vs_n(analysis: Analysis, workload: str, path: Path) -> Path:
+    """Output throughput vs N per drafter, one panel per concurrency level, with CI error bars
+    (the baseline is the N=0 line and its shaded CI)."""
+    pts = [p for p in analysis.points if p.workload == workload and p.throughput is not None]
+    levels = sorted({p.concurrency for p in pts})
+    if not levels:
+        raise ValueError(f"no usable points for workload {workload!r}")
+    fig, axes = _figure(len(levels), f"{workload}: output throughput vs N")
+    for ax, c in zip(axes, levels):
+        at = [p for p in pts if p.concurrency == c]
+        n_max = max([p.num_speculative_tokens for p in at] + [1])
+        for p in at:
+            if p.is_baseline:
+                t = p.throughput
+                ax.axhline(t.value, color="black", linestyle="--", label="baseline (N=0)")
+                ax.axhspan(t.lo, t.hi, color="black", alpha=0.08)
+        by_drafter: dict[str, list[PointStats]] = defaultdict(list)
+        for p in at:
+            if not p.is_baseline:
+                by_drafter[p.drafter].append(p)
+        for drafter, dps in sorted(by_drafter.items()):
+            dps.sort(key=lambda p: p.num_speculative_tokens)
+            ns = [p.num_speculative_tokens for p in dps]
+            vals = [p.throughput.value for p in dps]
+            ax.errorbar(ns, vals, yerr=_yerr(vals, [p.throughput.lo for p in dps],
+                                             [p.throughput.hi for p in dps]),
+                        marker="o", capsize=3, label=f"{drafter} ({dps[0].method})")
+        ax.set_xlim(-0.3, n_max + 0.5)
+        ax.set_xlabel("num_speculative_tokens (N)")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(f"concurrency {c}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_acceptance(analysis: Analysis, workload: str, path: Path) -> Path | None:
+    """Per-position acceptance p_i for each speculative engine (median over its windows);
+    None when no engine recorded acceptance for this workload."""
+    curves: dict[tuple[str, int, str], list[tuple[float, ...]]] = defaultdict(list)
+    for p in analysis.points:
+        if p.workload == workload and p.per_position_acceptance:
+            curves[(p.drafter, p.num_speculative_tokens, p.engine)].append(
+                p.per_position_acceptance)
+    if not curves:
+        return None
+    fig, axes = _figure(1, f"{workload}: per-position acceptance")
+    ax = axes[0]
+    for (drafter, n, engine), cs in sorted(curves.items()):
+        k = min(len(c) for c in cs)
+        curve = np.median(np.asarray([c[:k] for c in cs]), axis=0)
+        ax.plot(np.arange(1, k + 1), curve, marker="o", label=engine)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("accepted at position i / drafts")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_speedup_vs_concurrency(result: ClassResult, path: Path, margin: float) -> Path:
+    """Speedup over the baseline vs concurrency per candidate (worst workload at each level),
+    with CI error bars, the break-even line and the promotion threshold 1 + margin."""
+    series: dict[tuple[str, str], dict[int, PointSpeedup]] = defaultdict(dict)
+    winners = set()
+    for d in result.decisions:
+        if d.winner is not None:
+            winners.add(d.winner.engine_hash)
+        for v in d.candidates:
+            for s in v.speedups:
+                cur = series[(v.engine, v.engine_hash)].get(s.concurrency)
+                if cur is None or s.speedup.lo < cur.speedup.lo:
+                    series[(v.engine, v.engine_hash)][s.concurrency] = s
+    fig, axes = _figure(1, f"{result.traffic_class}: speedup vs concurrency")
+    ax = axes[0]
+    for (engine, engine_hash), by_c in sorted(series.items()):
+        cs = sorted(by_c)
+        vals = [by_c[c].speedup.value for c in cs]
+        ax.errorbar(cs, vals, yerr=_yerr(vals, [by_c[c].speedup.lo for c in cs],
+                                         [by_c[c].speedup.hi for c in cs]),
+                    marker="o", capsize=3, linewidth=2.2 if engine_hash in winners else 1.0,
+                    label=engine + (" (wins a band)" if engine_hash in winners else ""))
+    ax.axhline(1.0, color="black", linewidth=1, label="baseline")
+    ax.axhline(1 + margin, color="red", linestyle=":", label=f"1 + margin ({1 + margin:.2f})")
+    for b in result.bands:
+        if b.lo != b.hi:
+            ax.axvspan(b.lo, b.hi, alpha=0.05, color="gray")
+    ax.set_xscale("log", base=2)
+    levels = sorted({c for by_c in series.values() for c in by_c})
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("concurrency (max in-flight requests)")
+    ax.set_ylabel("speedup (output throughput / baseline)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_all(analysis: Analysis, out_dir: str | Path) -> list[Path]:
+    """Every plot of an analysis, written under out_dir."""
+    out = Path(out_dir)
+    margin = float(analysis.settings["margin"])
+    paths = []
+    for workload in sorted({p.workload for p in analysis.points}):
+        paths.append(plot_throughput_vs_n(analysis, workload,
+                                          out / f"throughput_vs_n-{_slug(workload)}.png"))
+        acc = plot_acceptance(analysis, workload, out / f"acceptance-{_slug(workload)}.png")
+        if acc is not None:
+            paths.append(acc)
+    for r in analysis.classes:
+        paths.append(plot_speedup_vs_concurrency(
+            r, out / f"speedup_vs_concurrency-{_slug(r.traffic_class)}.png", margin))
+    return paths
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _settings_line(analysis: Analysis) -> str:
+    s = analysis.settings
+    q = s["quality"]
+    slos = [f"{k} <= {v:g}" for k, v in s["slo"].items() if v is not None]
+    return (
+        f"Decided under: speedup lower bound >= {1 + s['margin']:.3f} (margin {s['margin']:.1%}); "
+        f"{s['confidence']:.0%} bootstrap CIs ({s['bootstrap_samples']} resamples, seed "
+        f"{s['seed']}, widened to Welch's t width); ties within {s['tie_tolerance']:.0%} go to the "
+        f"smaller N, then the cheaper method; >= {s['min_repeats']} usable repeats per point. "
+        f"Quality gate: temperature-0 outputs equal to the baseline's request by request, "
+        f"tolerance {q['max_mismatch_fraction']:.1%} of requests, mismatches where the baseline "
+        f"disagrees with itself {'excused' if q['calibrate_with_baseline_repeat'] else 'counted'}. "
+        f"Latency SLOs (worst repeat): {', '.join(slos) if slos else 'none'}."
+    )
+
+
+def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], base: Path
+                   ) -> list[str]:
+    dep = r.deployment
+    lines = [f"## Traffic class `{r.traffic_class}`", ""]
+    if dep.outcome == "off":
+        lines.append(f"**Deploy: speculation off** (the no-speculation baseline, engine "
+                     f"`{dep.engine_hash}`).")
+    else:
+        n = (f"schedule `{[list(x) for x in dep.schedule]}` "
+             f"(num_speculative_tokens={dep.num_speculative_tokens})" if dep.schedule
+             else f"N={dep.num_speculative_tokens}")
+        lines.append(f"**Deploy: {dep.drafter} ({dep.method}), {n}** — "
+                     f"engine `{dep.engine_hash}`.")
+    lines += [f"- {x}" for x in dep.reasons] + [""]
+    for d in r.decisions:
+        q = d.winner.quality if d.winner else None
+        lines.append(f"- band {d.band.label} (levels {list(d.levels)}): **{d.outcome}** — "
+                     + "; ".join(d.reasons))
+        lines += [f"  - note: {n}" for n in d.notes]
+        if q is not None:
+            lines.append(f"  - quality: {q.mismatched} of {q.requests} requests differ; "
+                         f"{q.excused} excused (the baseline disagrees with itself on "
+                         f"{q.unstable_baseline}); tolerance {q.tolerance:.1%}")
+    if r.notes:
+        lines += ["", "Notes:"] + [f"- {n}" for n in r.notes]
+    lines += ["", "### Decision table", "",
+              "| band | candidate | method | N | verdict | speedup | CI | worst point | "
+              "quality (unexcused/requests) | acceptance | why |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in decision_rows(r):
+        ci = "-" if row["lo"] is None else f"[{row['lo']:.3f}, {row['hi']:.3f}]"
+        lines.append("| " + " | ".join(_cell(x) for x in (
+            row["band"], row["engine"], row["method"], row["N"], row["verdict"], row["speedup"],
+            ci, row["worst_point"], row["quality"], row["acceptance_rate"], row["why"])) + " |")
+    if r.drift:
+        lines += ["", "### Baseline drift (end of sweep / start)", "",
+                  "| workload | concurrency | ratio | CI | runs (start/end) | flagged |",
+                  "|---|---|---|---|---|---|"]
+        for d in r.drift:
+            lines.append(f"| {d.workload} | {d.concurrency} | {d.ratio.value:.3f} | "
+                         f"[{d.ratio.lo:.3f}, {d.ratio.hi:.3f}] | {d.n_start}/{d.n_end} | "
+                         f"{'**yes**' if d.flagged else 'no'} |")
+    failed = [p for p in analysis.points if p.traffic_class == r.traffic_class and p.failures]
+    if failed:
+        lines += ["", "### Excluded windows", "", "| engine | workload | concurrency | usable | "
+                  "excluded |", "|---|---|---|---|---|"]
+        for p in failed:
+            what = ", ".join(f"{k} x{v}" for k, v in p.failures.items())
+            lines.append(f"| {p.engine} | {p.workload} | {p.concurrency} | {p.n_ok} | {what} |")
+    workloads = {p.workload for p in analysis.points if p.traffic_class == r.traffic_class}
+    stems = {f"speedup_vs_concurrency-{_slug(r.traffic_class)}"} | {
+        f"{kind}-{_slug(w)}" for w in workloads for kind in ("throughput_vs_n", "acceptance")}
+    mine = [p for p in plots if p.stem in stems]
+    if mine:
+        lines += ["", "### Plots", ""]
+        lines += [f"![{p.stem}]({p.relative_to(base) if p.is_relative_to(base) else p})"
+                  for p in mine]
+    return lines + [""]
+
+
+def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path(".")) -> str:
+    """The Markdown report (plot links relative to `base`)."""
+    lines = ["# specflow decision report", "", _settings_line(analysis), ""]
+    if analysis.excluded:
+        lines += [f"Windows excluded as failed: {analysis.excluded} (counted per point below).",
+                  ""]
+    if analysis.headroom_refused:
+        lines += ["Refused by the headroom check: "
+                  + ", ".join(f"`{h}`" for h in analysis.headroom_refused) + ".", ""]
+    for r in analysis.classes:
+        lines += _class_section(r, analysis, plots, base)
+    return "\n".join(lines)
+
+
+def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md"
+                 ) -> ReportFiles:
+    """Write every plot and the Markdown report under out_dir; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = plot_all(analysis, out)
+    path = out / name
+    path.write_text(markdown(analysis, plots, out))
+    return ReportFiles(path, tuple(plots))

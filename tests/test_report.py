@@ -1,0 +1,60 @@
+"""The Markdown decision report and its PNG plots, from hand-built records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specflow.analysis import analyze
+from specflow.report import write_report
+from specflow.schema import PromoteSpec, SloSpec
+
+from .builders import BASELINE, Cand, engine, sweep, window
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_and_plots_from_hand_built_records(tmp_path: Path) -> None:
+    e3n2, e3n3 = engine("eagle3-n2", "eagle3", 2), engine("eagle3-n3", "eagle3", 3)
+    ngram = engine("ngram-n4", "ngram", 4)
+    rng = np.random.default_rng(0)
+    math, close = sweep([Cand(e3n3, {1: 1.6, 8: 0.85}, ppa=(0.8, 0.6, 0.45)),
+                         Cand(e3n2, {1: 1.4, 8: 0.9}, ppa=(0.8, 0.6)),
+                         Cand(ngram, {1: 1.1, 8: 1.0}, ppa=(0.5, 0.3, 0.2, 0.1))],
+                        levels=(1, 8), repeats=3, closing=3, cv=0.02, rng=rng)
+    math.append(window(e3n3, 0.0, c=8, r=3, failure="oom"))
+    chat, _ = sweep([Cand(e3n3, 0.9, ppa=(0.5, 0.3, 0.2))], levels=(1, 8), repeats=3,
+                    workloads=("chat",), cls="chat", cv=0.02, rng=rng)
+    spec = PromoteSpec(slo=SloSpec(p99_tpot_ms=50))
+    analysis = analyze(math + chat, spec, closing_baseline=close)
+
+    files = write_report(analysis, tmp_path / "report")
+    assert files.report == tmp_path / "report" / "report.md"
+    assert {p.name for p in files.plots} == {
+        "throughput_vs_n-gsm8k.png", "throughput_vs_n-chat.png", "acceptance-gsm8k.png",
+        "acceptance-chat.png", "speedup_vs_concurrency-math.png",
+        "speedup_vs_concurrency-chat.png"}
+    for p in files.paths:
+        assert p.is_file() and p.stat().st_size > 0
+    for p in files.plots:
+        assert p.read_bytes()[:8] == PNG
+
+    text = files.report.read_text()
+    assert "tolerance 0.0% of requests" in text and "p99_tpot_ms <= 50" in text
+    assert "## Traffic class `math`" in text and "## Traffic class `chat`" in text
+    assert "**Deploy: eagle3 (eagle3), schedule `[[1, 7, 3], [8, 8, 0]]`" in text
+    assert "**Deploy: speculation off**" in text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| c")]
+    # Per class (chat, then math) and band: every candidate, plus the "off" row.
+    assert [(r[0].lstrip("| "), r[1], r[4]) for r in rows] == [
+        ("c1", "eagle3-n3", "rejected"), ("c1", "off (baseline)", "winner"),
+        ("c8", "eagle3-n3", "rejected"), ("c8", "off (baseline)", "winner"),
+        ("c1", "eagle3-n3", "winner"), ("c1", "eagle3-n2", "eligible"),
+        ("c1", "ngram-n4", "rejected"), ("c1", "off (baseline)", "eligible"),
+        ("c8", "eagle3-n2", "rejected"), ("c8", "eagle3-n3", "rejected"),
+        ("c8", "ngram-n4", "rejected"), ("c8", "off (baseline)", "winner")]
+    assert "### Baseline drift (end of sweep / start)" in text
+    assert "| eagle3-n3 | gsm8k | 8 | 3 | oom x1 |" in text  # excluded windows are counted
+    assert "![speedup_vs_concurrency-math](speedup_vs_concurrency-math.png)" in text
+    assert BASELINE.hash in text
