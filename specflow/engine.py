@@ -1,0 +1,504 @@
+"""Engine lifecycle: start `vllm serve` for one EngineConfig, wait until it is ready, stop it.
+
+The engine runs in its own process group with its output in one log file per engine config.
+Every way a start can go wrong is told apart and reported with the log tail: the process died
+before it was ready (`start_failed`), ran out of memory (`oom`), never became ready (`hang`),
+or could not bind its port (`busy_port`, retried once on another free port). Stopping signals
+the whole group (SIGTERM, then SIGKILL) and checks by PID that nothing of it is left.
+
+An `Endpoint` is a server specflow did not start: same interface, no lifecycle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from specflow.compile import EngineConfig
+from specflow.schema import EndpointBackend, LocalBackend
+from specflow.vllm_launcher import vllm_command
+
+FailureKind = Literal["start_failed", "oom", "hang", "busy_port", "crashed", "killed",
+                      "unreachable"]
+"""Why an engine is not (or no longer) serving."""
+
+LOG_TAIL_LINES = 40
+"""Lines of the server log kept in a failure's detail."""
+HEALTH_POLL_S = 0.5
+"""Interval between readiness checks."""
+DEFAULT_ENV = {"HF_HUB_OFFLINE": "1"}
+"""Engine environment defaults (lowest precedence): never reach the hub unless asked to."""
+SECRET_FLAGS = ("--api-key",)
+"""`vllm serve` options whose value is a secret and never written anywhere."""
+
+_OOM_MARKERS = re.compile(
+    r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc|\bOOM\b")
+_BUSY_MARKER = re.compile(r"address already in use", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    """An engine that is not serving: the kind, one line of explanation and the log tail."""
+
+    kind: FailureKind
+    message: str
+    log_tail: str = ""
+
+    @property
+    def detail(self) -> str:
+        """Message plus log tail, as recorded in a Measurement's failure_detail."""
+        return f"{self.message}\n--- log tail ---\n{self.log_tail}" if self.log_tail \
+            else self.message
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not be started; carries the classified failure."""
+
+    def __init__(self, failure: EngineFailure):
+        self.failure = failure
+        super().__init__(f"{failure.kind}: {failure.message}")
+
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def classify_exit(returncode: int | None, log_tail: str, oom_kills: int = 0, *,
+                  starting: bool) -> tuple[FailureKind, str]:
+    """Kind and message for an engine whose leader process exited with `returncode`.
+
+    `oom_kills` is how many processes the kernel OOM killer killed in this cgroup meanwhile.
+    """
+    if starting and _BUSY_MARKER.search(log_tail):
+        return "busy_port", "the port was already in use"
+    if _OOM_MARKERS.search(log_tail):
+        return "oom", f"out of memory (exit code {returncode}; the log reports it)"
+    if oom_kills > 0:
+        return "oom", (f"killed by the kernel OOM killer (exit code {returncode}; "
+                       f"{oom_kills} OOM kill(s) in this cgroup meanwhile)")
+    if returncode == -signal.SIGKILL:
+        return "killed", ("killed by SIGKILL from outside specflow (the cgroup shows no OOM "
+                          "kill; if none is readable, check dmesg for the OOM killer)")
+    if returncode is not None and returncode < 0:
+        return "crashed", f"killed by signal {signal.Signals(-returncode).name}"
+    if starting:
+        return "start_failed", f"exited with code {returncode} before it was ready"
+    return "crashed", f"exited with code {returncode} while serving"
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """argv with the values of secret options replaced (for logs and records)."""
+    out: list[str] = []
+    hide = False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a in SECRET_FLAGS:
+            out.append(a)
+            hide = True
+        elif a.startswith(tuple(f"{f}=" for f in SECRET_FLAGS)):
+            out.append(a.split("=", 1)[0] + "=***")
+        else:
+            out.append(a)
+    return out
+
+
+def argv_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in an argv (`--flag v` or `--flag=v`), last one wins."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def served_model_name(ec: EngineConfig) -> str:
+    """The model name the engine answers to (`--served-model-name`, else the model)."""
+    return argv_value(ec.serve_argv, "--served-model-name") or ec.serve_argv[2]
+
+
+def tokenizer_of(ec: EngineConfig) -> str:
+    """The tokenizer the engine uses (`--tokenizer`, else the model path or id)."""
+    return argv_value(ec.serve_argv, "--tokenizer") or ec.serve_argv[2]
+
+
+def free_port(host: str, exclude: Sequence[int] = ()) -> int:
+    """A port the OS considers free on `host` now (another process may still take it)."""
+    for _ in range(16):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in exclude:
+            return port
+    raise OSError(f"no free port on {host} outside {list(exclude)}")
+
+
+def tail(path: Path, start: int = 0, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file from byte offset `start` on."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(start, size - 256 * 1024))
+            data = f.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------------------------
+# Processes (checked by PID; /proc where there is one)
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgid, start time) of a live PID from /proc, or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def pid_alive(pid: int, start_time: int | None = None) -> bool:
+    """True while `pid` runs (zombies count as gone; a reused PID is not the same process)."""
+    if Path("/proc/self/stat").exists():
+        st = _stat(pid)
+        if st is None or st[0] in ("Z", "X"):
+            return False
+        return start_time is None or st[2] == start_time
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_members(pgid: int) -> dict[int, int]:
+    """Live processes of process group `pgid`: PID -> start time."""
+    members: dict[int, int] = {}
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return members
+        return {pgid: 0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        st = _stat(int(entry.name))
+        if st is not None and st[1] == pgid and st[0] not in ("Z", "X"):
+            members[int(entry.name)] = st[2]
+    return members
+
+
+def kill_group(pgid: int, sig: int) -> None:
+    """Signal a process group; a group that is already gone is fine."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def oom_kill_count() -> int | None:
+    """The kernel OOM killer's kill counter of this cgroup (v2 or v1), None when unreadable."""
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"),
+                      ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+        try:
+            for line in Path(path).read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0
+             ) -> tuple[int, str]:
+    """(status, body) of a GET; status 0 when the server cannot be reached."""
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http only)
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, ""
+
+
+# --------------------------------------------------------------------------------------------
+# Servers
+
+
+class Server:
+    """What the load generator needs from a running server."""
+
+    base_url: str
+    """`http://host:port`, without `/v1`."""
+    model_name: str
+    """Model name requests are sent with."""
+    tokenizer: str
+    """Tokenizer the load generator counts tokens with."""
+    api_key: str | None
+    """Bearer token the server requires (never written anywhere)."""
+    log_path: Path | None = None
+    """Server log, when specflow has it."""
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def failure(self) -> EngineFailure | None:
+        """Why the server is not serving now, or None when it is."""
+        raise NotImplementedError
+
+
+class Endpoint(Server):
+    """A server specflow did not start: measured as is, never started or stopped."""
+
+    def __init__(self, backend: EndpointBackend, tokenizer: str):
+        self.base_url = backend.url.rstrip("/").removesuffix("/v1")
+        self.model_name = backend.served_model_name
+        self.tokenizer = tokenizer
+        self.api_key = os.environ.get(backend.api_key_env) if backend.api_key_env else None
+        self.log_path = None
+
+    def failure(self) -> EngineFailure | None:
+        status, _ = http_get(f"{self.base_url}/health", self.auth_headers)
+        if status == 200:
+            return None
+        return EngineFailure("unreachable", f"GET {self.base_url}/health answered "
+                             f"{status or 'nothing'}")
+
+
+class LocalEngine(Server):
+    """`vllm serve` for one EngineConfig in its own process group; a context manager.
+
+    `start()` raises EngineStartError with the classified failure; `stop()` returns the PIDs
+    that survived (none, unless the kernel refuses to kill them).
+    """
+
+    def __init__(self, ec: EngineConfig, backend: LocalBackend, log_dir: Path,
+                 stop_timeout_s: float = 30.0):
+        self.ec = ec
+        self.backend = backend
+        self.stop_timeout_s = stop_timeout_s
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{ec.name}-{ec.hash}.log"
+        self.env = {**DEFAULT_ENV, **os.environ, **backend.env}
+        self.api_key = argv_value(ec.serve_argv, "--api-key") or self.env.get("VLLM_API_KEY") \
+            or None
+        self.model_name = served_model_name(ec)
+        self.tokenizer = tokenizer_of(ec)
+        self.host = backend.host
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.attempts: list[dict[str, object]] = []
+        self.start_s: float | None = None
+        """Seconds from launch to ready."""
+        self._seen: dict[int, int] = {}
+        self._log_offset = 0
+        self._oom_before: int | None = None
+        self._stopped = False
+
+    # -- identity
+
+    @property
+    def base_url(self) -> str:  # type: ignore[override]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the `vllm serve` process (also the process group id)."""
+        return self.proc.pid if self.proc else None
+
+    def argv(self, port: int) -> list[str]:
+        """The full command: the vLLM command prefix, `serve ...` and host/port."""
+        prefix = vllm_command(self.backend.vllm_command)
+        if self.ec.serve_argv[:1] != ("vllm",):
+            raise ValueError(f"serve_argv must start with 'vllm': {self.ec.serve_argv[:2]}")
+        return [*prefix, *self.ec.serve_argv[1:], "--host", self.host, "--port", str(port)]
+
+    @property
+    def running(self) -> bool:
+        """True between a launch and the stop that follows it."""
+        return self.proc is not None and not self._stopped
+
+    def processes(self) -> dict[int, int]:
+        """Every process of this engine seen so far (PID -> start time), refreshed now."""
+        if self.proc is not None and not self._stopped:
+            self._seen.update(group_members(self.proc.pid))
+        return dict(self._seen)
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        """Launch and wait for /health; retry once on another port if the port was busy."""
+        port = self.backend.port or free_port(self.host)
+        t0 = time.monotonic()
+        for attempt in (1, 2):
+            self._launch(port)
+            failure = self._wait_ready()
+            self.attempts.append({"port": port, "outcome": failure.kind if failure else "ready"})
+            if failure is None:
+                self.start_s = time.monotonic() - t0
+                self._mark(f"ready on {self.base_url} after {self.start_s:.1f} s")
+                return
+            self._kill()
+            if failure.kind == "busy_port" and attempt == 1:
+                port = free_port(self.host, exclude=[port])
+                self._mark(f"port {self.port} was busy; retrying once on port {port}")
+                continue
+            raise EngineStartError(failure)
+
+    def failure(self) -> EngineFailure | None:
+        """Why the engine is not serving now (process gone or unhealthy), or None."""
+        if self.proc is None:
+            return EngineFailure("start_failed", "the engine was never started")
+        status = 0
+        for attempt in range(3):  # a busy server may miss one probe; a dead one misses all
+            rc = self.proc.poll()
+            if rc is not None:
+                return self._exited(rc, starting=False)
+            status, _ = http_get(f"{self.base_url}/health", timeout=10.0)
+            if status == 200:
+                return None
+            time.sleep(1.0 + attempt)
+        rc = self.proc.poll()
+        if rc is not None:
+            return self._exited(rc, starting=False)
+        return EngineFailure("crashed", f"engine '{self.ec.name}' runs but /health answered "
+                             f"{status or 'nothing'} three times", tail(self.log_path,
+                                                                        self._log_offset))
+
+    def stop(self) -> list[int]:
+        """SIGTERM the group, wait, SIGKILL what is left; returns PIDs still alive after it."""
+        if self.proc is None or self._stopped:
+            return self.survivors()
+        self._kill()
+        return self.survivors()
+
+    def survivors(self) -> list[int]:
+        """PIDs of this engine (seen at any time) that are still alive."""
+        alive = [pid for pid, st in self._seen.items() if pid_alive(pid, st)]
+        if self.proc is not None:
+            alive += [p for p in group_members(self.proc.pid) if p not in alive]
+        return sorted(alive)
+
+    def __enter__(self) -> LocalEngine:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # -- internals
+
+    def _mark(self, text: str) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(f"=== specflow {time.strftime('%H:%M:%S')}: {text}\n")
+
+    def _launch(self, port: int) -> None:
+        self.port = port
+        argv = self.argv(port)
+        self._mark("starting: " + json.dumps(redact_argv(argv)))
+        self._log_offset = self.log_path.stat().st_size
+        self._oom_before = oom_kill_count()
+        self._stopped = False
+        self._seen = {}
+        try:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, env=self.env,
+                                             start_new_session=True)
+        except OSError as exc:  # e.g. backend.vllm_command names nothing runnable
+            self._mark(f"cannot run {argv[0]}: {exc}")
+            raise EngineStartError(EngineFailure(
+                "start_failed", f"cannot run {argv[0]} (backend.vllm_command): {exc}")) from None
+        self._seen[self.proc.pid] = (_stat(self.proc.pid) or ("", 0, 0))[2]
+
+    def _exited(self, rc: int, starting: bool) -> EngineFailure:
+        log_tail = tail(self.log_path, self._log_offset)
+        now = oom_kill_count()
+        kills = now - self._oom_before if now is not None and self._oom_before is not None else 0
+        kind, msg = classify_exit(rc, log_tail, kills, starting=starting)
+        return EngineFailure(kind, f"engine '{self.ec.name}' {msg}", log_tail)
+
+    def _wait_ready(self) -> EngineFailure | None:
+        assert self.proc is not None
+        timeout = self.backend.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            self.processes()
+            rc = self.proc.poll()
+            if rc is not None:
+                return self._exited(rc, starting=True)
+            if http_get(f"{self.base_url}/health", timeout=2.0)[0] == 200 and self._serves_model():
+                return None
+            if time.monotonic() >= deadline:
+                return EngineFailure(
+                    "hang", f"engine '{self.ec.name}' was not ready within {timeout:g} s "
+                    f"(backend.startup_timeout_s)", tail(self.log_path, self._log_offset))
+            time.sleep(HEALTH_POLL_S)
+
+    def _serves_model(self) -> bool:
+        """True when the server on our port is ours (not another process that took the port)."""
+        status, body = http_get(f"{self.base_url}/v1/models", self.auth_headers)
+        if status != 200:
+            return False
+        try:
+            return any(m.get("id") == self.model_name for m in json.loads(body)["data"])
+        except (ValueError, KeyError, TypeError):
+            return False
+
+    def _kill(self) -> None:
+        """Stop the whole group: SIGTERM, wait up to stop_timeout_s, SIGKILL, wait, reap."""
+        assert self.proc is not None
+        pgid = self.proc.pid
+        self.processes()
+        kill_group(pgid, signal.SIGTERM)
+        if not self._wait_gone(self.stop_timeout_s):
+            self._mark("processes left after SIGTERM; sending SIGKILL")
+            kill_group(pgid, signal.SIGKILL)
+            for pid, st in self._seen.items():  # members that left the group
+                if pid_alive(pid, st):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            self._wait_gone(10.0)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._stopped = True
+
+    def _wait_gone(self, timeout: float) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader so it does not linger as a zombie
+            if not self.survivors():
+                return True
+            time.sleep(0.1)
+        return not self.survivors()

@@ -1,0 +1,470 @@
+"""Measure engine configs on a real vLLM server: load, counters, one Measurement per window.
+
+Per engine config: one engine start (`specflow.engine`), one long-lived load generator
+(`specflow.loadgen`), and every (workload, concurrency, repeat) window run against them. Per
+window: optional warm-up requests (a separate bench run, outside every measured window), a
+/metrics scrape, the measured `vllm bench serve` run, another scrape; the bench result JSON
+becomes a frozen Measurement and specflow's own counter deltas must equal bench's exactly.
+Failures (engine start, crash, OOM, hang, timeout, failed requests, counter mismatch) become
+failed Measurements with the reason and log tail; the sweep goes on.
+
+Layout under `workdir`: `engines/<name>-<hash>.log|.json` (server log, process record) and
+`points/<engine hash>/<workload>/c<N>/r<R>/` (warm-up and bench logs, result.json,
+counters.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from specflow import metrics
+from specflow.compile import EngineConfig
+from specflow.engine import (
+    Endpoint,
+    EngineFailure,
+    EngineStartError,
+    LocalEngine,
+    Server,
+    http_get,
+    redact_argv,
+    tail,
+    tokenizer_of,
+)
+from specflow.loadgen import (
+    BenchDriver,
+    JobResult,
+    LoadGenerator,
+    LoadGeneratorError,
+    LoadGeneratorKind,
+    bench_env,
+    make_load_generator,
+)
+from specflow.records import LATENCY_METRICS, LATENCY_STATS, Measurement, PointKey
+from specflow.schema import EndpointBackend, LocalBackend, WorkloadSpec
+
+RESULT_FILE = "result.json"
+PERCENTILE_METRICS = ",".join(LATENCY_METRICS)
+METRIC_PERCENTILES = "50,90,99"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measured window: a workload's dataset at one concurrency, one repeat."""
+
+    workload: str
+    """Workload name."""
+    traffic_class: str
+    """The workload's traffic class."""
+    dataset: Path
+    """JSONL in vLLM's custom-dataset format, one `{"prompt": ...}` per line; prompts are sent
+    verbatim (chat templates are rendered when the dataset is built)."""
+    num_prompts: int
+    """Requests in the window: the dataset's first `num_prompts` lines, in order."""
+    max_tokens: int
+    """Output tokens requested per prompt."""
+    concurrency: int
+    """Max in-flight requests."""
+    repeat: int = 0
+    """Repeat index, from 0."""
+    seed: int = 0
+    """bench's seed."""
+    temperature: float = 0.0
+    """Sampling temperature."""
+    warmup_requests: int = 0
+    """Requests sent (and discarded) before the measured window."""
+    ignore_eos: bool = False
+    """Generate max_tokens even past EOS."""
+    stop: tuple[str, ...] = ()
+    """Stop strings sent with every request."""
+
+    def key(self, ec: EngineConfig) -> PointKey:
+        return PointKey(ec.hash, self.workload, self.concurrency, self.repeat)
+
+
+def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, Path],
+                 concurrency: Sequence[int], repeats: int, warmup_requests: int) -> list[Window]:
+    """Every window of one engine config; repeats outermost, so drift spreads over all points."""
+    missing = sorted(set(workloads) - set(datasets))
+    if missing:
+        raise ValueError(f"no dataset for workload(s) {missing}")
+    return [Window(workload=name, traffic_class=w.traffic_class, dataset=Path(datasets[name]),
+                   num_prompts=w.num_prompts, max_tokens=w.max_tokens, concurrency=c, repeat=r,
+                   seed=w.seed, temperature=w.temperature, warmup_requests=warmup_requests,
+                   ignore_eos=w.ignore_eos, stop=tuple(w.stop))
+            for r in range(repeats) for name, w in workloads.items() for c in concurrency]
+
+
+def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = False) -> list[str]:
+    """`vllm bench serve` arguments for a window (or for its warm-up)."""
+    argv = ["--backend", "vllm", "--base-url", server.base_url, "--model", server.model_name,
+            "--tokenizer", server.tokenizer, "--dataset-name", "custom",
+            "--dataset-path", str(w.dataset), "--disable-shuffle", "--no-oversample",
+            "--skip-chat-template", "--custom-output-len", str(w.max_tokens),
+            "--seed", str(w.seed), "--temperature", repr(float(w.temperature)),
+            "--max-concurrency", str(w.concurrency), "--disable-tqdm",
+            # No readiness probe request: it would run inside specflow's counter window but
+            # outside bench's, and the server is known to be ready.
+            "--ready-check-timeout-sec", "0"]
+    if w.ignore_eos:
+        argv.append("--ignore-eos")
+    if w.stop:
+        argv += ["--extra-body", json.dumps({"stop": list(w.stop)})]
+    if warmup:
+        # bench's own warm-up (the first prompt, at the window's concurrency) plus one request.
+        return argv + ["--num-prompts", "1", "--num-warmups", str(w.warmup_requests - 1)]
+    return argv + ["--num-prompts", str(w.num_prompts), "--num-warmups", "0",
+                   "--percentile-metrics", PERCENTILE_METRICS,
+                   "--metric-percentiles", METRIC_PERCENTILES,
+                   "--save-result", "--save-detailed", "--result-dir", str(point_dir),
+                   "--result-filename", RESULT_FILE]
+
+
+def read_prompts(w: Window) -> list[str]:
+    """The window's prompts, in order; ValueError when the dataset cannot provide them."""
+    prompts: list[str] = []
+    with open(w.dataset, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise ValueError(f"{w.dataset}:{n}: expected an object with a string 'prompt'")
+            prompts.append(row["prompt"])
+    if len(prompts) < w.num_prompts:
+        raise ValueError(f"{w.dataset} has {len(prompts)} prompts; the window needs "
+                         f"{w.num_prompts} (prompts are never repeated)")
+    return prompts[: w.num_prompts]
+
+
+def prompt_hash(prompts: Sequence[str]) -> str:
+    """sha256 of the exact prompts sent, in order (JSON list of strings, UTF-8), as
+    `specflow.workloads` hashes a materialised dataset."""
+    return hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode("utf-8")
+                          ).hexdigest()
+
+
+def output_digests(result: Mapping[str, Any]) -> tuple[str, ...]:
+    """sha256 of each generated text in dataset order; "" for a request that failed."""
+    texts = result.get("generated_texts") or []
+    errors = result.get("errors") or [""] * len(texts)
+    return tuple("" if err else hashlib.sha256(text.encode("utf-8")).hexdigest()
+                 for text, err in zip(texts, errors))
+
+
+def latency_stats(result: Mapping[str, Any]) -> dict[str, float]:
+    """vLLM's latency statistics present in a result (`p99_tpot_ms`, `mean_ttft_ms`, ...)."""
+    return {f"{s}_{m}_ms": float(result[f"{s}_{m}_ms"]) for m in LATENCY_METRICS
+            for s in LATENCY_STATS if result.get(f"{s}_{m}_ms") is not None}
+
+
+# --------------------------------------------------------------------------------------------
+# One window
+
+
+def _scrape(server: Server) -> metrics.SpecCounters | None:
+    status, body = http_get(f"{server.base_url}/metrics", server.auth_headers, timeout=30.0)
+    if status != 200:
+        raise ConnectionError(f"GET {server.base_url}/metrics answered {status or 'nothing'}")
+    return metrics.parse(body)
+
+
+def _failed(ec: EngineConfig, w: Window, kind: str, detail: str,
+            artifacts: Mapping[str, Path] | None = None, **numbers: Any) -> Measurement:
+    return Measurement(key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
+                       num_speculative_tokens=ec.num_speculative_tokens,
+                       traffic_class=w.traffic_class, status="failed", failure=kind,
+                       failure_detail=detail,
+                       artifacts={k: str(v) for k, v in (artifacts or {}).items()}, **numbers)
+
+
+def _job_failure(server: Server, job: JobResult, log: Path) -> tuple[str, str]:
+    """(kind, detail) for a bench job that did not finish: engine down, timeout or bench error."""
+    down = server.failure()
+    if down is not None:
+        return down.kind, down.detail
+    kind = "timeout" if job.timed_out else "bench_failed"
+    return kind, f"{job.error}\n--- bench log tail ---\n{tail(log)}"
+
+
+def measure_window(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window,
+                   point_dir: Path, timeout_s: float) -> Measurement:
+    """Run one window against a running server and turn it into a Measurement."""
+    point_dir.mkdir(parents=True, exist_ok=True)
+    bench_log, warmup_log = point_dir / "bench.log", point_dir / "warmup.log"
+    counters_path, result_path = point_dir / "counters.json", point_dir / RESULT_FILE
+    result_path.unlink(missing_ok=True)
+    artifacts: dict[str, Path] = {"bench_log": bench_log}
+    if server.log_path is not None:
+        artifacts["engine_log"] = server.log_path
+    try:
+        prompts = read_prompts(w)
+    except (OSError, ValueError) as exc:
+        return _failed(ec, w, "dataset_invalid", str(exc), artifacts)
+    phash = prompt_hash(prompts)
+
+    if w.warmup_requests > 0:
+        artifacts["warmup_log"] = warmup_log
+        job = gen.run(bench_argv(server, w, point_dir, warmup=True), warmup_log, timeout_s)
+        if not job.ok:
+            kind, detail = _job_failure(server, job, warmup_log)
+            return _failed(ec, w, kind, "warm-up: " + detail, artifacts, prompt_hash=phash)
+    try:
+        before = _scrape(server)
+    except ConnectionError as exc:
+        down = server.failure()
+        kind, detail = (down.kind, down.detail) if down else ("metrics_unavailable", str(exc))
+        return _failed(ec, w, kind, detail, artifacts, prompt_hash=phash)
+
+    job = gen.run(bench_argv(server, w, point_dir), bench_log, timeout_s)
+    after: metrics.SpecCounters | None = None
+    scrape_error = ""
+    try:
+        after = _scrape(server)
+    except ConnectionError as exc:
+        scrape_error = str(exc)
+    if result_path.is_file():
+        artifacts["result"] = result_path
+    down = server.failure()
+    if down is not None:
+        return _failed(ec, w, down.kind, down.detail, artifacts, prompt_hash=phash)
+    if not job.ok or not result_path.is_file():
+        kind, detail = _job_failure(server, job, bench_log)
+        return _failed(ec, w, kind, detail, artifacts, prompt_hash=phash)
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    if scrape_error:
+        return _failed(ec, w, "metrics_unavailable", scrape_error, artifacts, prompt_hash=phash)
+
+    delta = metrics.window_delta(before, after)
+    mismatches = metrics.compare_with_bench(delta, result)
+    counters_path.write_text(json.dumps({
+        "before": before.to_json() if before else None,
+        "after": after.to_json() if after else None,
+        "delta": delta.to_json() if delta else None,
+        "bench": {k: v for k, v in result.items() if k.startswith("spec_decode_")},
+        "mismatches": mismatches}, indent=2) + "\n", encoding="utf-8")
+    artifacts["counters"] = counters_path
+
+    status, failure, detail = "ok", None, ""
+    if result.get("failed", 0) or result.get("completed", 0) < w.num_prompts:
+        errors = [e for e in result.get("errors") or [] if e]
+        status, failure = "failed", "requests_failed"
+        detail = (f"{result.get('failed', 0)} of {w.num_prompts} requests failed; first errors: "
+                  + " | ".join(errors[:3]))
+    elif mismatches:
+        status, failure = "failed", "metrics_mismatch"
+        detail = "bench and /metrics disagree: " + "; ".join(mismatches)
+
+    speculative = ec.speculative_config is not None and delta is not None
+    return Measurement(
+        key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
+        num_speculative_tokens=ec.num_speculative_tokens, traffic_class=w.traffic_class,
+        status=status, failure=failure, failure_detail=detail,
+        completed=int(result.get("completed", 0)), failed=int(result.get("failed", 0)),
+        duration_s=float(result.get("duration", 0.0)),
+        output_throughput=float(result.get("output_throughput", 0.0)),
+        request_throughput=float(result.get("request_throughput", 0.0)),
+        total_token_throughput=float(result.get("total_token_throughput", 0.0)),
+        latency_ms=latency_stats(result),
+        acceptance_rate=delta.acceptance_rate if speculative else None,
+        mean_acceptance_length=delta.mean_acceptance_length if speculative else None,
+        per_position_acceptance=delta.per_position if speculative else (),
+        num_drafts=delta.num_drafts if speculative else None,
+        draft_tokens=delta.draft_tokens if speculative else None,
+        accepted_tokens=delta.accepted_tokens if speculative else None,
+        output_digests=output_digests(result), prompt_hash=phash,
+        total_output_tokens=int(result.get("total_output_tokens", 0)),
+        artifacts={k: str(v) for k, v in artifacts.items()})
+
+
+# --------------------------------------------------------------------------------------------
+# One engine config
+
+
+def _point_dir(workdir: Path, key: PointKey) -> Path:
+    return workdir / "points" / key.id
+
+
+def _write_record(path: Path, record: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _windows(server: Server, gen: LoadGenerator, ec: EngineConfig, todo: Sequence[Window],
+             workdir: Path, timeout_s: float) -> Iterator[tuple[Measurement, EngineFailure | None]]:
+    """Measure windows in order; stop after the first one that finds the server down."""
+    for w in todo:
+        m = measure_window(server, gen, ec, w, _point_dir(workdir, w.key(ec)), timeout_s)
+        down = server.failure() if not m.ok else None
+        yield m, down
+        if down is not None:
+            return
+
+
+def _not_run(ec: EngineConfig, rest: Sequence[Window], why: str) -> Iterator[Measurement]:
+    for w in rest:
+        yield _failed(ec, w, "engine_down", why)
+
+
+def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, windows: Sequence[Window],
+               workdir: Path, *, load_generator: LoadGeneratorKind = "driver",
+               skip: Collection[str] = (), tokenizer: str | None = None) -> Iterator[Measurement]:
+    """Start one engine for `ec`, measure every window on it, stop it; yields per window.
+
+    Windows whose PointKey id is in `skip` (finished earlier) are not run, and an engine with
+    nothing left to run is not started. A failed start fails every window with the reason and
+    log tail; an engine that dies mid-run is stopped (its whole process group, checked by PID)
+    before its failure is yielded, and the windows after it are recorded as `engine_down`.
+    """
+    if isinstance(backend, EndpointBackend):
+        yield from run_endpoint(ec, backend, windows, workdir, load_generator=load_generator,
+                                skip=skip, tokenizer=tokenizer)
+        return
+    todo = [w for w in windows if w.key(ec).id not in skip]
+    if not todo:
+        return
+    engine_dir = workdir / "engines"
+    engine = LocalEngine(ec, backend, engine_dir)
+    record_path = engine_dir / f"{ec.name}-{ec.hash}.json"
+    env = bench_env(backend.env, api_key=engine.api_key)
+    gen = make_load_generator(load_generator, backend.vllm_command, env,
+                              engine_dir / f"{ec.name}-{ec.hash}.loadgen.log")
+
+    def record(**extra: Any) -> None:
+        _write_record(record_path, {
+            "engine": ec.name, "hash": ec.hash, "argv": redact_argv(engine.argv(engine.port or 0)),
+            "base_url": engine.base_url if engine.port else None, "log": str(engine.log_path),
+            "attempts": engine.attempts, "start_s": engine.start_s,
+            "engine_pgid": engine.pid, "engine_pids": sorted(engine.processes()),
+            "load_generator": type(gen).__name__, "load_generator_pids": gen.pids(), **extra})
+
+    artifacts = {"engine_log": engine.log_path, "engine_record": record_path}
+    try:
+        try:
+            engine.start()
+            if isinstance(gen, BenchDriver):
+                gen.wait_ready()
+        except EngineStartError as exc:
+            gen.close()
+            record(failure=exc.failure.kind, survivors=engine.stop())
+            for w in todo:
+                yield _failed(ec, w, exc.failure.kind, exc.failure.detail, artifacts)
+            return
+        except LoadGeneratorError as exc:
+            gen.close()
+            record(failure="bench_failed", survivors=engine.stop())
+            for w in todo:
+                yield _failed(ec, w, "bench_failed", f"{exc}\n{tail(gen.log)}", artifacts)
+            return
+        record()
+        done = 0
+        for m, down in _windows(engine, gen, ec, todo, workdir, backend.request_timeout_s):
+            done += 1
+            m = _with_artifacts(m, record_path)
+            if down is None:
+                record()
+                yield m
+                continue
+            gen.close()
+            survivors = engine.stop()
+            record(failure=down.kind, survivors=survivors)
+            yield m
+            yield from _not_run(ec, todo[done:], f"not run: engine '{ec.name}' stopped serving "
+                                f"at point {m.key.id} ({down.kind})")
+            return
+    finally:
+        gen.close()
+        if engine.running:
+            record(survivors=engine.stop())
+
+
+def _with_artifacts(m: Measurement, record_path: Path) -> Measurement:
+    return replace(m, artifacts={**m.artifacts, "engine_record": str(record_path)})
+
+
+def run_endpoint(ec: EngineConfig, backend: EndpointBackend, windows: Sequence[Window],
+                 workdir: Path, *, load_generator: LoadGeneratorKind = "driver",
+                 skip: Collection[str] = (), tokenizer: str | None = None
+                 ) -> Iterator[Measurement]:
+    """Measure a server specflow did not start (no lifecycle); `ec` describes what it serves.
+
+    The API key is read from the environment variable `backend.api_key_env` and reaches the
+    load generator only through its environment (OPENAI_API_KEY); it is never written.
+    """
+    todo = [w for w in windows if w.key(ec).id not in skip]
+    if not todo:
+        return
+    server = Endpoint(backend, tokenizer or tokenizer_of(ec))
+    if backend.api_key_env and not server.api_key:
+        yield from (_failed(ec, w, "api_key_missing", f"backend.api_key_env names "
+                            f"${backend.api_key_env}, which is not set") for w in todo)
+        return
+    down = server.failure()
+    if down is not None:
+        yield from (_failed(ec, w, down.kind, down.detail) for w in todo)
+        return
+    log = workdir / "endpoints" / f"{ec.name}-{ec.hash}.loadgen.log"
+    gen = make_load_generator(load_generator, backend.vllm_command,
+                              bench_env(api_key=server.api_key), log)
+    try:
+        if isinstance(gen, BenchDriver):
+            try:
+                gen.wait_ready()
+            except LoadGeneratorError as exc:
+                yield from (_failed(ec, w, "bench_failed", f"{exc}\n{tail(log)}") for w in todo)
+                return
+        done = 0
+        for m, down in _windows(server, gen, ec, todo, workdir, backend.request_timeout_s):
+            done += 1
+            yield m
+            if down is not None:
+                yield from _not_run(ec, todo[done:], f"not run: the endpoint stopped serving "
+                                    f"at point {m.key.id} ({down.kind})")
+    finally:
+        gen.close()
+
+
+def run_sweep(engine_configs: Iterable[EngineConfig], backend: LocalBackend | EndpointBackend,
+              windows: Sequence[Window], workdir: Path, *,
+              load_generator: LoadGeneratorKind = "driver", skip: Collection[str] = (),
+              tokenizer: str | None = None) -> Iterator[Measurement]:
+    """`run_engine` for each engine config in turn; a failed engine never stops the sweep."""
+    for ec in engine_configs:
+        yield from run_engine(ec, backend, windows, workdir, load_generator=load_generator,
+                              skip=skip, tokenizer=tokenizer)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI hook
+
+
+def measure_command(overrides: Sequence[str], datasets: Mapping[str, Path],
+                    out: TextIO | None = None, skip: Collection[str] = ()) -> int:
+    """Measure every engine config of a plan; one Measurement JSON line per window on `out`.
+
+    `datasets` maps workload names to their materialised JSONL files. Logs and point files go
+    under `<tracking.workdir>/runs`. Returns 0 when every window is ok, 1 otherwise (failures
+    are in the output, never raised). Resuming is the caller's: pass finished point ids as
+    `skip`.
+    """
+    from specflow.config import load_plan
+
+    out = out or sys.stdout
+    loaded, plan = load_plan(list(overrides))
+    spec = loaded.spec
+    windows = plan_windows(spec.workload, datasets, spec.sweep.concurrency, spec.sweep.repeats,
+                           spec.sweep.warmup_requests)
+    all_ok = True
+    for m in run_sweep(plan.engine_configs, spec.backend, windows,
+                       Path(spec.tracking.workdir) / "runs", skip=skip,
+                       tokenizer=spec.target.tokenizer or spec.target.model):
+        out.write(json.dumps(m.to_json(), sort_keys=True) + "\n")
+        out.flush()
+        all_ok &= m.ok
+    return 0 if all_ok else 1

@@ -1,0 +1,478 @@
+"""Tests for the runner: engine lifecycle, load, counters and faults on the real vLLM engine.
+
+Engine tests share module-scoped runs, one engine start per engine config (~30-45 s each on a
+2-core CPU): baseline (after an engine that fails at start), ngram (API key; also measured
+in endpoint mode while it runs), the target copy (started on a busy port), the random drafter
+(SIGKILLed mid-benchmark), the derived drafter (one bench process per window) and a readiness
+timeout. The pure helpers are tested without an engine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specflow import metrics, tiny
+from specflow.compile import EngineConfig
+from specflow.config import load_plan
+from specflow.engine import (
+    classify_exit,
+    group_members,
+    http_get,
+    pid_alive,
+    redact_argv,
+    served_model_name,
+    tokenizer_of,
+)
+from specflow.loadgen import bench_env, driver_python
+from specflow.records import Measurement
+from specflow.runner import (
+    Window,
+    bench_argv,
+    measure_command,
+    plan_windows,
+    run_endpoint,
+    run_engine,
+    run_sweep,
+)
+from specflow.schema import EndpointBackend, LocalBackend
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+N = 3
+PROMPTS = 8
+MAX_TOKENS = 32
+SECRET = "sk-specflow-test-7f3a9c1e"
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+METRICS = Path(__file__).parent / "data" / "vllm_metrics_spec_decode.txt"
+"""A real /metrics exposition of the CPU engine (draft_model copy, N=3, one request)."""
+
+
+def test_metrics_parse_delta_and_agreement_with_bench() -> None:
+    before = metrics.parse(METRICS.read_text())
+    assert before == metrics.SpecCounters(2, 6, 6, {0: 2, 1: 2, 2: 2})
+    after = metrics.SpecCounters(32, 96, 51, {0: 24, 1: 16, 2: 11})
+    delta = after - before
+    assert delta == metrics.SpecCounters(30, 90, 45, {0: 22, 1: 14, 2: 9})
+    assert delta.acceptance_rate == 0.5
+    assert delta.mean_acceptance_length == 1 + 45 / 30 == 1 + sum(delta.per_position)
+    bench = {"spec_decode_num_drafts": 30, "spec_decode_draft_tokens": 90,
+             "spec_decode_accepted_tokens": 45, "spec_decode_acceptance_rate": 45 / 90 * 100,
+             "spec_decode_per_position_acceptance_rates": [22 / 30, 14 / 30, 9 / 30]}
+    assert metrics.compare_with_bench(delta, bench) == []
+    off = metrics.compare_with_bench(delta, {**bench, "spec_decode_accepted_tokens": 46})
+    assert off and "spec_decode_accepted_tokens" in off[0]
+    # no spec-decode counters at all (baseline) and no drafting in the window both agree
+    assert metrics.parse("vllm:num_requests_running 0.0\n") is None
+    assert metrics.compare_with_bench(None, {"completed": 8}) == []
+    assert metrics.compare_with_bench(before - before, {"completed": 8}) == []
+    assert metrics.compare_with_bench(delta, {"completed": 8})
+
+
+def test_classify_exit() -> None:
+    assert classify_exit(1, "OSError: [Errno 98] Address already in use", starting=True)[0] \
+        == "busy_port"
+    assert classify_exit(1, "RuntimeError: CPU out of memory", starting=True)[0] == "oom"
+    assert classify_exit(-signal.SIGKILL, "", oom_kills=1, starting=False)[0] == "oom"
+    assert classify_exit(-signal.SIGKILL, "", starting=False)[0] == "killed"
+    assert classify_exit(1, "ValueError: bad model", starting=True)[0] == "start_failed"
+    assert classify_exit(1, "EngineDeadError", starting=False)[0] == "crashed"
+
+
+def test_secrets_are_redacted_and_never_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert redact_argv(["serve", "m", "--api-key", "k1", "--api-key=k2"]) == \
+        ["serve", "m", "--api-key", "***", "--api-key=***"]
+    monkeypatch.setenv("OPENAI_API_KEY", "unrelated")
+    assert "OPENAI_API_KEY" not in bench_env()
+    assert bench_env(api_key="k")["OPENAI_API_KEY"] == "k"
+    assert bench_env()["HF_HUB_OFFLINE"] in ("0", "1")
+
+
+def test_driver_interpreter_from_command_prefix() -> None:
+    assert driver_python(["/env/bin/python", "-m", "vllm.entrypoints.cli.main"]) == \
+        "/env/bin/python"
+    assert driver_python(["docker", "exec", "box", "vllm"]) is None
+
+
+def test_windows_and_bench_arguments(tmp_path: Path) -> None:
+    loaded, plan = load_plan(["experiment=cpu_demo", f"paths.models={tmp_path}"])
+    spec = loaded.spec
+    datasets = {name: tmp_path / f"{name}.jsonl" for name in spec.workload}
+    windows = plan_windows(spec.workload, datasets, spec.sweep.concurrency, spec.sweep.repeats,
+                           spec.sweep.warmup_requests)
+    assert len(windows) * len(plan.engine_configs) == plan.num_points
+    assert [w.repeat for w in windows] == sorted(w.repeat for w in windows)
+    ec = plan.engine_configs[0]
+    assert served_model_name(ec) == "tiny" and tokenizer_of(ec) == f"{tmp_path}/target"
+    with pytest.raises(ValueError, match="no dataset"):
+        plan_windows(spec.workload, {}, [1], 1, 0)
+
+    class _S:
+        base_url, model_name, tokenizer = "http://127.0.0.1:1", "tiny", "/tok"
+
+    argv = bench_argv(_S(), windows[0], tmp_path)  # type: ignore[arg-type]
+    for flag in ("--disable-shuffle", "--no-oversample", "--skip-chat-template", "--save-detailed"):
+        assert flag in argv
+    assert argv[argv.index("--num-warmups") + 1] == "0"
+    assert argv[argv.index("--ready-check-timeout-sec") + 1] == "0"
+    warm = bench_argv(_S(), windows[0], tmp_path, warmup=True)  # type: ignore[arg-type]
+    assert "--save-result" not in warm
+
+
+def test_finished_windows_start_no_engine(tmp_path: Path) -> None:
+    ec = EngineConfig("x", "none", "none", 0, None, ("vllm", "serve", "/nope"), 0)
+    w = Window("w", "chat", tmp_path / "d.jsonl", 1, 1, 1)
+    assert list(run_engine(ec, LocalBackend(), [w], tmp_path, skip={w.key(ec).id})) == []
+    assert not (tmp_path / "engines").exists()
+
+    overrides = ["experiment=cpu_demo", f"paths.models={tmp_path}",
+                 f"tracking.workdir={tmp_path / 'wd'}"]
+    loaded, plan = load_plan(overrides)
+    spec = loaded.spec
+    datasets = {name: tmp_path / f"{name}.jsonl" for name in spec.workload}
+    windows = plan_windows(spec.workload, datasets, spec.sweep.concurrency, spec.sweep.repeats,
+                           spec.sweep.warmup_requests)
+    done = {w.key(ec).id for ec in plan.engine_configs for w in windows}
+    out = io.StringIO()
+    assert measure_command(overrides, datasets, out, skip=done) == 0
+    assert out.getvalue() == "" and not (tmp_path / "wd").exists()
+
+
+def test_unrunnable_vllm_command_is_a_recorded_start_failure(tmp_path: Path) -> None:
+    ec = EngineConfig("x", "none", "none", 0, None, ("vllm", "serve", "/m"), 0)
+    backend = LocalBackend(vllm_command=[str(tmp_path / "no-such-vllm")])
+    windows = [Window("w", "chat", tmp_path / "d.jsonl", 1, 1, c) for c in (1, 2)]
+    ms = list(run_engine(ec, backend, windows, tmp_path))
+    assert [m.failure for m in ms] == ["start_failed", "start_failed"]
+    assert "no-such-vllm" in ms[0].failure_detail
+
+
+def test_unreachable_endpoint_fails_every_window(tmp_path: Path) -> None:
+    ec = EngineConfig("remote", "none", "none", 0, None, ("vllm", "serve", "/tok"), 0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    backend = EndpointBackend(url=f"http://127.0.0.1:{port}", served_model_name="m")
+    windows = [Window("w", "chat", tmp_path / "d.jsonl", 1, 1, c) for c in (1, 2)]
+    ms = list(run_endpoint(ec, backend, windows, tmp_path))
+    assert [m.failure for m in ms] == ["unreachable", "unreachable"]
+    assert not (tmp_path / "endpoints").exists(), "no load generator was started"
+
+
+# ----------------------------------------------------------------------------- engine runs
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Tiny models, the compiled plan, a dataset and the small CPU backend."""
+    root = tmp_path_factory.mktemp("models")
+    for kind in ("target", "draft_copy", "draft_random", "draft_derived"):
+        tiny.build(kind, root)
+    loaded, plan = load_plan([
+        "experiment=cpu_demo", f"paths.models={root}",
+        "drafter=[none,ngram,draft_model,draft_model_derived,draft_model_random]",
+        f"sweep.num_speculative_tokens.ngram=[{N}]",
+        # lookups from one token on, so ngram drafts on the tiny model's output at all
+        "drafter.ngram.prompt_lookup_min=1", "drafter.ngram.prompt_lookup_max=3",
+        f"sweep.num_speculative_tokens.draft_model=[{N}]",
+        "target.max_model_len=512", "backend.engine.max_num_seqs=8"])
+    work = tmp_path_factory.mktemp("work")
+    dataset = work / "code.jsonl"
+    lines = [f"def f{i}(x):\n    y = x + {i}\n    y = x + {i}\n    return y * {i}\n"
+             for i in range(16)]
+    dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
+    backend = loaded.spec.backend
+    assert isinstance(backend, LocalBackend)
+    return {"ecs": {e.name: e for e in plan.engine_configs}, "backend": backend,
+            "dataset": dataset, "work": work}
+
+
+def _window(setup: dict[str, Any], **kw: Any) -> Window:
+    args = {"workload": "code", "traffic_class": "code", "dataset": setup["dataset"],
+            "num_prompts": PROMPTS, "max_tokens": MAX_TOKENS, "concurrency": 4,
+            "warmup_requests": 2}
+    return Window(**{**args, **kw})
+
+
+def _record(m: Measurement) -> dict[str, Any]:
+    return json.loads(Path(m.artifacts["engine_record"]).read_text())
+
+
+def _alive(record: dict[str, Any]) -> list[int]:
+    pids = record["engine_pids"] + record["load_generator_pids"]
+    return [p for p in pids if pid_alive(p)] + list(group_members(record["engine_pgid"]))
+
+
+@pytest.fixture(scope="module")
+def baseline(setup: dict[str, Any]) -> dict[str, list[Measurement]]:
+    """A sweep of an engine that cannot start (bad model path), then the baseline."""
+    base: EngineConfig = setup["ecs"]["baseline"]
+    bad_argv = tuple("/nonexistent/specflow-model" if i == 2 else a
+                     for i, a in enumerate(base.serve_argv))
+    bad = replace(base, name="bad-path", serve_argv=bad_argv)
+    windows = [_window(setup), _window(setup, concurrency=1)]
+    out: dict[str, list[Measurement]] = {"bad-path": [], "baseline": []}
+    for m in run_sweep([bad, base], setup["backend"], windows, setup["work"]):
+        out[m.engine].append(m)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ngram(setup: dict[str, Any]) -> dict[str, Any]:
+    """ngram on an engine that requires an API key; measured locally, then as an endpoint."""
+    backend = setup["backend"].model_copy(update={"env": {**setup["backend"].env,
+                                                          "VLLM_API_KEY": SECRET}})
+    ec = setup["ecs"][f"ngram-n{N}"]
+    runs = run_engine(ec, backend, [_window(setup)], setup["work"])
+    os.environ["SPECFLOW_TEST_KEY"] = SECRET
+    try:
+        local = next(runs)  # the engine stays up while the generator waits here
+        record = _record(local)
+        unauthorized = http_get(f"{record['base_url']}/v1/models")[0]
+        endpoint_backend = EndpointBackend(url=record["base_url"] + "/v1",
+                                           served_model_name="tiny",
+                                           api_key_env="SPECFLOW_TEST_KEY")
+        remote = list(run_endpoint(ec, endpoint_backend, [_window(setup, repeat=1)],
+                                   setup["work"]))
+        rest = list(runs)
+    finally:
+        del os.environ["SPECFLOW_TEST_KEY"]
+        runs.close()
+    return {"local": local, "remote": remote, "rest": rest, "unauthorized": unauthorized}
+
+
+@pytest.fixture(scope="module")
+def copy_on_busy_port(setup: dict[str, Any]) -> dict[str, Any]:
+    """The target copy as drafter, configured on a port another socket is listening on."""
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        busy = blocker.getsockname()[1]
+        backend = setup["backend"].model_copy(update={"port": busy})
+        ms = list(run_engine(setup["ecs"][f"draft_model-n{N}"], backend,
+                             [_window(setup), _window(setup, concurrency=1)], setup["work"]))
+    return {"busy": busy, "ms": ms}
+
+
+@pytest.fixture(scope="module")
+def random_killed(setup: dict[str, Any]) -> dict[str, Any]:
+    """The random drafter: one normal window, then SIGKILL of the engine mid-benchmark."""
+    windows = [_window(setup),
+               _window(setup, num_prompts=16, max_tokens=256, concurrency=2, warmup_requests=0),
+               _window(setup, concurrency=1)]
+    runs = run_engine(setup["ecs"][f"draft_model_random-n{N}"], setup["backend"], windows,
+                      setup["work"])
+    try:
+        return _kill_second_window(runs)
+    finally:
+        runs.close()
+
+
+def _kill_second_window(runs: Iterator[Measurement]) -> dict[str, Any]:
+    first = next(runs)
+    record = _record(first)
+    killed: dict[str, float] = {}
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            _, body = http_get(f"{record['base_url']}/metrics", timeout=2)
+            running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)", body, re.M)
+            if running and float(running.group(1)) > 0:
+                os.kill(record["engine_pgid"], signal.SIGKILL)
+                killed["at"] = time.monotonic()
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_when_busy, daemon=True)
+    killer.start()
+    second = next(runs)
+    record_after = _record(second)
+    alive_after_record = _alive(record_after)
+    killer.join(5)
+    rest = list(runs)
+    return {"first": first, "second": second, "rest": rest, "killed": killed,
+            "record": record_after, "alive": alive_after_record}
+
+
+@pytest.fixture(scope="module")
+def derived(setup: dict[str, Any]) -> list[Measurement]:
+    """The derived drafter, with one `vllm bench serve` process per window (the fallback)."""
+    return list(run_engine(setup["ecs"][f"draft_model_derived-n{N}"], setup["backend"],
+                           [_window(setup)], setup["work"], load_generator="process"))
+
+
+def _ok(m: Measurement) -> Measurement:
+    assert m.ok, f"{m.key.id}: {m.failure}: {m.failure_detail}"
+    return m
+
+
+def _bench_result(m: Measurement) -> dict[str, Any]:
+    return json.loads(Path(m.artifacts["result"]).read_text())
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_start_failure_is_recorded_and_the_sweep_continues(
+        baseline: dict[str, list[Measurement]]) -> None:
+    bad = baseline["bad-path"]
+    assert len(bad) == 2 and all(m.failure == "start_failed" for m in bad)
+    assert "--- log tail ---" in bad[0].failure_detail
+    assert "/nonexistent/specflow-model" in bad[0].failure_detail.split("--- log tail ---")[1]
+    assert _alive(_record(bad[0])) == []
+    assert [m.ok for m in baseline["baseline"]] == [True, True]
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_baseline_runs_all_windows_on_one_engine(baseline: dict[str, list[Measurement]]) -> None:
+    ms = [_ok(m) for m in baseline["baseline"]]
+    record = _record(ms[0])
+    assert len(record["attempts"]) == 1 and record["survivors"] == []
+    assert record["load_generator"] == "BenchDriver" and len(record["load_generator_pids"]) == 1
+    assert Path(record["log"]).read_text().count("=== specflow") >= 2
+    for m in ms:
+        assert m.completed == PROMPTS and m.failed == 0 and m.total_output_tokens == \
+            PROMPTS * MAX_TOKENS
+        assert m.acceptance_rate is None and m.num_drafts is None
+        assert len(m.output_digests) == PROMPTS and all(m.output_digests)
+        assert {"p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "p99_e2el_ms",
+                "p99_itl_ms"} <= set(m.latency_ms)
+        result = _bench_result(m)
+        assert m.output_throughput == result["output_throughput"] > 0
+        assert "spec_decode_num_drafts" not in result
+    assert ms[0].prompt_hash == ms[1].prompt_hash
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_copy_accepts_everything_and_starts_past_a_busy_port(
+        copy_on_busy_port: dict[str, Any], baseline: dict[str, list[Measurement]]) -> None:
+    ms = [_ok(m) for m in copy_on_busy_port["ms"]]
+    record = _record(ms[0])
+    busy = copy_on_busy_port["busy"]
+    assert [a["outcome"] for a in record["attempts"]] == ["busy_port", "ready"]
+    assert record["attempts"][0]["port"] == busy != record["attempts"][1]["port"]
+    assert f":{record['attempts'][1]['port']}" in record["base_url"]
+    assert "Address already in use" in Path(record["log"]).read_text()
+    for m in ms:
+        assert m.acceptance_rate == 1.0
+        assert m.mean_acceptance_length == N + 1
+        assert m.per_position_acceptance == (1.0,) * N
+        # Every request drafts once per verification step: ceil((max_tokens - 1) / (N + 1))
+        # steps; the warm-up requests' drafts would show here if they were in the window.
+        assert m.num_drafts == PROMPTS * math.ceil((MAX_TOKENS - 1) / (N + 1))
+        assert m.draft_tokens == m.accepted_tokens == N * m.num_drafts
+    counters = json.loads(Path(ms[0].artifacts["counters"]).read_text())
+    assert counters["before"]["num_drafts"] > 0, "the warm-up ran before the window"
+    for b, c in zip(baseline["baseline"], ms):
+        assert c.output_digests == b.output_digests
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_ngram_local_and_as_an_endpoint_with_an_api_key(
+        ngram: dict[str, Any], baseline: dict[str, list[Measurement]],
+        setup: dict[str, Any]) -> None:
+    local = _ok(ngram["local"])
+    assert ngram["unauthorized"] == 401, "the engine requires the key"
+    assert ngram["rest"] == []
+    [remote] = ngram["remote"]
+    _ok(remote)
+    assert remote.key.repeat == 1 and remote.artifacts.get("engine_log") is None
+    assert local.output_digests == remote.output_digests == baseline["baseline"][0].output_digests
+    for m in (local, remote):  # drafts were proposed: the counter comparison is not vacuous
+        assert m.num_drafts and m.draft_tokens and m.acceptance_rate is not None
+    leaked = [str(p) for p in setup["work"].rglob("*") if p.is_file()
+              and SECRET.encode() in p.read_bytes()]
+    assert leaked == []
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_random_drafter_accepts_almost_nothing(random_killed: dict[str, Any],
+                                               baseline: dict[str, list[Measurement]]) -> None:
+    m = _ok(random_killed["first"])
+    assert m.acceptance_rate is not None and m.acceptance_rate < 0.05
+    assert m.draft_tokens and m.draft_tokens > 0
+    assert m.output_digests == baseline["baseline"][0].output_digests
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_engine_killed_mid_benchmark_is_recorded_and_leaves_nothing(
+        random_killed: dict[str, Any]) -> None:
+    assert "at" in random_killed["killed"], "the engine was never seen busy"
+    second = random_killed["second"]
+    assert second.failure == "killed" and not second.ok
+    assert "SIGKILL" in second.failure_detail and "--- log tail ---" in second.failure_detail
+    record = random_killed["record"]
+    assert random_killed["alive"] == [] and record["survivors"] == []
+    assert len(record["engine_pids"]) >= 2, "the engine's child processes were tracked too"
+    assert [m.failure for m in random_killed["rest"]] == ["engine_down"]
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_derived_drafter_partial_acceptance(derived: list[Measurement],
+                                            baseline: dict[str, list[Measurement]]) -> None:
+    [m] = derived
+    _ok(m)
+    assert _record(m)["load_generator"] == "BenchProcess"
+    assert m.acceptance_rate is not None and 0.05 < m.acceptance_rate < 0.95
+    pp = m.per_position_acceptance
+    assert len(pp) == N and all(a >= b for a, b in zip(pp, pp[1:]))
+    assert m.mean_acceptance_length == pytest.approx(1 + sum(pp), abs=1e-12)
+    assert m.output_digests == baseline["baseline"][0].output_digests
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_bench_acceptance_equals_metrics_deltas_exactly(
+        copy_on_busy_port: dict[str, Any], ngram: dict[str, Any],
+        random_killed: dict[str, Any], derived: list[Measurement]) -> None:
+    ms = [*copy_on_busy_port["ms"], ngram["local"], *ngram["remote"], random_killed["first"],
+          *derived]
+    for m in ms:
+        _ok(m)
+        counters = json.loads(Path(m.artifacts["counters"]).read_text())
+        assert counters["mismatches"] == []
+        result = _bench_result(m)
+        if not m.draft_tokens:
+            assert "spec_decode_num_drafts" not in result
+            continue
+        assert result["spec_decode_num_drafts"] == m.num_drafts
+        assert result["spec_decode_draft_tokens"] == m.draft_tokens
+        assert result["spec_decode_accepted_tokens"] == m.accepted_tokens
+        assert result["spec_decode_acceptance_rate"] == m.acceptance_rate * 100
+        assert result["spec_decode_acceptance_length"] == m.mean_acceptance_length
+        assert result["spec_decode_per_position_acceptance_rates"] == \
+            list(m.per_position_acceptance)
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_readiness_timeout_is_a_hang(setup: dict[str, Any]) -> None:
+    backend = setup["backend"].model_copy(update={"startup_timeout_s": 3.0})
+    [m] = run_engine(setup["ecs"]["baseline"], backend, [_window(setup)], setup["work"] / "hang")
+    assert m.failure == "hang" and "startup_timeout_s" in m.failure_detail
+    record = _record(m)
+    assert [a["outcome"] for a in record["attempts"]] == ["hang"]
+    assert record["survivors"] == [] and _alive(record) == []
+
