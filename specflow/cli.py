@@ -129,27 +129,88 @@ def default_overrides(overrides: list[str]) -> list[str]:
     return ["experiment=cpu_demo", *overrides]
 
 
-def cmd_run(overrides: list[str], flags: dict) -> int:
-    from rich.table import Table
+def _orchestration_env() -> None:
+    """Embedded defaults: Prefect's temporary local API, quiet logs, no telemetry."""
+    import os
 
+    for key, value in {
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "1",
+    }.items():
+        os.environ.setdefault(key, value)
+
+
+def cmd_run(overrides: list[str], flags: dict) -> int:
+    """The main job: the whole sweep as a Prefect flow, with a live progress display."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specflow import sweep
     from specflow.config import load_plan
 
-    loaded, plan = load_plan(default_overrides(overrides))
+    overrides = default_overrides(overrides)
+    loaded, plan = load_plan(overrides)  # invalid input: exit 2 before Prefect starts
     _probe_plan(loaded, plan, flags)
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {w}")
-    table = Table(title=f"sweep plan {plan.hash}: {plan.target} on {plan.hardware}")
-    for col in ("engine config", "method", "N", "lookahead", "hash"):
-        table.add_column(col)
-    for ec in plan.engine_configs:
-        table.add_row(ec.name, ec.method, str(ec.num_speculative_tokens), str(ec.lookahead_slots),
-                      ec.hash)
+    _orchestration_env()
+    from pipelines.sweep import run
+
+    total = plan.num_points + (len(plan.workloads) * len(plan.concurrency)
+                               * loaded.spec.sweep.closing_baseline_repeats)
     out = Console(highlight=False)
-    out.print(table)
-    out.print(f"{len(plan.engine_configs)} engine configs x {len(plan.workloads)} workloads "
-              f"({', '.join(plan.workloads)}) x concurrency {list(plan.concurrency)} x "
-              f"{plan.repeats} repeats = {plan.num_points} measured windows")
-    return 0
+    start = time.monotonic()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
+                  transient=False) as progress:
+        bar = progress.add_task(f"sweep {plan.target} on {plan.hardware}", total=total, last="")
+
+        def on_point(m) -> None:  # noqa: ANN001
+            state = "ok" if m.ok else f"[red]{m.failure}[/]"
+            extra = f" acc={m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
+            progress.update(bar, advance=1, last=f"{m.engine} {m.key.workload} "
+                            f"c{m.key.concurrency} r{m.key.repeat}: {state} "
+                            f"{m.output_throughput:.1f} tok/s{extra}")
+
+        sweep.PROGRESS["on_point"] = on_point
+        try:
+            result = run(overrides)
+        finally:
+            sweep.PROGRESS.clear()
+    summary = result["outcome"]
+    _print_outcome(summary, out, time.monotonic() - start)
+    return 0 if summary["decided"] and not summary["missing"] else 1
+
+
+def _print_outcome(summary: dict, out: Console, elapsed: float) -> None:
+    from rich.table import Table
+
+    if summary["table"]:
+        table = Table(title="decision per traffic class and concurrency band")
+        cols = list(summary["table"][0])
+        for col in cols:
+            table.add_column(col)
+        for row in summary["table"]:
+            table.add_row(*(str(row[c]) for c in cols))
+        out.print(table)
+    for p in summary["problems"]:
+        out.print(f"[yellow]no decision:[/] {p}")
+    out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
+              f"missing {len(summary['missing'])}")
+    for p in summary["promotions"]:
+        out.print(f"promoted [{p['status']}] {p['traffic_class']}: {p['path']}")
+    if summary["report"]:
+        out.print(f"report: {summary['report']}")
+    uri = summary["tracking_uri"]
+    if summary["tracking_error"]:
+        out.print(f"[yellow]MLflow was unreachable ({summary['tracking_error']}); "
+                  f"{summary['unlogged']} windows are kept locally and synced on the next run[/]")
+    out.print(f"results: mlflow ui --backend-store-uri {uri}  (experiment "
+              f"'{summary['experiment']}', parent run {summary['parent_run_id']})")
 
 
 def headroom_reports(loaded, plan) -> list:  # noqa: ANN001

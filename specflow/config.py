@@ -437,6 +437,43 @@ def compose_raw(overrides: Sequence[str], root: Path) -> tuple[Any, dict]:
     return cfg, dict(cfg.hydra.runtime.choices)
 
 
+def _listed(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return None
+
+
+def selected(group: str, root: Path, choices: dict[str, Any], overrides: Sequence[str]
+             ) -> list[str] | None:
+    """Entries chosen for a list group: the command line, else the experiment, else config.yaml."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for text in reversed(list(overrides)):
+        try:
+            (ov,) = parser.parse_overrides([text])
+        except HydraException:
+            continue
+        if ov.key_or_group == group and not ov.is_delete():
+            return _listed(ov.value())
+    files = []
+    if isinstance(choices.get("experiment"), str):
+        files.append(root / "experiment" / f"{choices['experiment']}.yaml")
+    files.append(root / "config.yaml")
+    for path in files:
+        data = _read_yaml(path) or {}
+        for item in data.get("defaults") or []:
+            if isinstance(item, dict):
+                for key, value in item.items():
+                    if key.replace("override ", "").strip().lstrip("/") == group:
+                        return _listed(value)
+    return None
+
+
 def to_plain(cfg: Any, choices: dict[str, Any], sources: Sources) -> dict[str, Any]:
     """Resolve interpolations and strip Hydra's node; unresolved values become problems."""
     from omegaconf import OmegaConf
@@ -468,6 +505,10 @@ def to_plain(cfg: Any, choices: dict[str, Any], sources: Sources) -> dict[str, A
         data.setdefault(group, {})
         if data[group] is None:
             data[group] = {}
+        chosen = selected(group, sources.root, choices, sources.overrides)
+        if chosen is not None:
+            # an experiment may tune entries it selects; drop its tuning of entries it doesn't
+            data[group] = {k: v for k, v in data[group].items() if k in chosen}
     return data
 
 

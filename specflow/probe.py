@@ -47,7 +47,9 @@ cls = s.SpeculativeConfig
 names = getattr(cls, "__pydantic_fields__", None) or {f.name: f for f in dataclasses.fields(cls)}
 internal = {"target_model_config", "target_parallel_config", "draft_model_config",
             "draft_parallel_config"}
+import torch
 print(json.dumps({
+    "torch": torch.__version__,
     "methods": sorted(set(flat(s.SpeculativeMethod))),
     "mtp_aliases": sorted(set(flat(s.MTPModelTypes))),
     "fields": sorted(n for n in names if n not in internal and not n.startswith("_")),
@@ -77,6 +79,7 @@ class VllmFacts:
     methods: tuple[str, ...]
     mtp_aliases: tuple[str, ...]
     fields: tuple[str, ...]
+    torch: str | None = None
 
     @property
     def label(self) -> str:
@@ -142,7 +145,7 @@ def facts(vllm_command: Sequence[str] | None = None, use_cache: bool = True) -> 
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
     return VllmFacts(dist, version, tuple(data["methods"]), tuple(data["mtp_aliases"]),
-                     tuple(data["fields"]))
+                     tuple(data["fields"]), data.get("torch"))
 
 
 def check_speculative_config(f: VllmFacts, cfg: dict[str, Any], path: str) -> list[Problem]:

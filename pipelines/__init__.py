@@ -1,0 +1,1 @@
+"""Prefect flows that sequence specflow's steps (the logic lives in `specflow.sweep`)."""

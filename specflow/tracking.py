@@ -1,0 +1,189 @@
+"""MLflow tracking: one experiment per target x hardware, a parent run per sweep, a child run
+per measured window. Every call may fail (store unreachable): callers keep the ledger entry
+unlogged and it is synced on the next run, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from specflow.compile import EngineConfig, SweepPlan
+from specflow.records import Measurement
+
+log = logging.getLogger("specflow.tracking")
+
+SWEEP_TAG = "specflow.sweep_id"
+POINT_TAG = "specflow.point_id"
+KIND_TAG = "specflow.kind"
+
+
+def _client(uri: str) -> Any:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def point_metrics(m: Measurement) -> dict[str, float]:
+    """Scalar metrics of a measured window (no sentinel values: absent stays absent)."""
+    out: dict[str, float] = {
+        "output_throughput": m.output_throughput,
+        "request_throughput": m.request_throughput,
+        "total_token_throughput": m.total_token_throughput,
+        "duration_s": m.duration_s,
+        "completed": float(m.completed),
+        "failed_requests": float(m.failed),
+        "total_output_tokens": float(m.total_output_tokens),
+    }
+    out.update({k: float(v) for k, v in m.latency_ms.items()})
+    for name in ("acceptance_rate", "mean_acceptance_length", "num_drafts", "draft_tokens",
+                 "accepted_tokens"):
+        value = getattr(m, name)
+        if value is not None:
+            out[name] = float(value)
+    return out
+
+
+def point_params(m: Measurement, ec: EngineConfig | None) -> dict[str, str]:
+    return {
+        "method": m.method, "drafter": m.drafter, "num_speculative_tokens":
+            str(m.num_speculative_tokens), "workload": m.key.workload,
+        "traffic_class": m.traffic_class, "concurrency": str(m.key.concurrency),
+        "repeat": str(m.key.repeat), "engine_config_hash": m.key.engine_hash,
+        "engine_config": m.engine, "prompt_hash": m.prompt_hash,
+        "checkpoint": (ec.checkpoint if ec else None) or "",
+        "checkpoint_revision": (ec.checkpoint_revision if ec else None) or "",
+    }
+
+
+class Tracker:
+    """A thin MLflow client for specflow's runs."""
+
+    def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None):
+        self.uri = uri
+        self.experiment = experiment
+        self.artifact_root = artifact_root
+        self.client = _client(uri)
+        self._experiment_id: str | None = None
+
+    def check(self) -> None:
+        """Raise if the store cannot be reached (fast, before a sweep relies on it)."""
+        self.experiment_id()
+
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            exp = self.client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                location = self.artifact_root.resolve().as_uri() if self.artifact_root else None
+                self._experiment_id = self.client.create_experiment(
+                    self.experiment, artifact_location=location)
+            else:
+                self._experiment_id = exp.experiment_id
+        return self._experiment_id
+
+    def _find(self, tags: dict[str, str]) -> list[Any]:
+        flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        return self.client.search_runs([self.experiment_id()], filter_string=flt, max_results=5000)
+
+    def parent(self, sid: str, plan: SweepPlan, config_yaml: str, pins: dict[str, str],
+               run_name: str) -> str:
+        """The sweep's parent run, created once and reused when the sweep resumes."""
+        found = self._find({SWEEP_TAG: sid, KIND_TAG: "sweep"})
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
+        tags = {SWEEP_TAG: sid, KIND_TAG: "sweep", "mlflow.runName": run_name,
+                **{f"pin.{k}": v for k, v in pins.items()}}
+        run = self.client.create_run(self.experiment_id(), tags=tags, run_name=run_name)
+        run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        params = {"target": plan.target, "hardware": plan.hardware, "plan_hash": plan.hash,
+                  "engine_configs": str(len(plan.engine_configs)),
+                  "workloads": ",".join(plan.workloads),
+                  "concurrency": ",".join(map(str, plan.concurrency)),
+                  "repeats": str(plan.repeats), "num_points": str(plan.num_points)}
+        self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "config.yaml").write_text(config_yaml)
+            (Path(tmp) / "plan.json").write_text(json.dumps(plan.to_json(), indent=2))
+            (Path(tmp) / "pins.json").write_text(json.dumps(pins, indent=2))
+            for name in ("config.yaml", "plan.json", "pins.json"):
+                self.client.log_artifact(run_id, str(Path(tmp) / name))
+        return run_id
+
+    def log_point(self, parent_id: str, m: Measurement, ec: EngineConfig | None,
+                  files: Sequence[Path] = (), run_id: str | None = None) -> str:
+        """Create (or complete) the child run of one window; returns its run id."""
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.utils.time import get_current_time_millis
+
+        name = f"{m.engine} {m.key.workload} c{m.key.concurrency} r{m.key.repeat}"
+        if run_id is None:
+            existing = self._find({POINT_TAG: m.key.id, "mlflow.parentRunId": parent_id})
+            run_id = existing[0].info.run_id if existing else None
+        if run_id is None:
+            run = self.client.create_run(self.experiment_id(), run_name=name, tags={
+                "mlflow.parentRunId": parent_id, POINT_TAG: m.key.id, KIND_TAG: "point",
+                "mlflow.runName": name})
+            run_id = run.info.run_id
+            self.client.log_batch(run_id, params=[
+                Param(k, v) for k, v in point_params(m, ec).items()])
+        elif self.client.get_run(run_id).info.status == "FINISHED":
+            return run_id  # logged completely before (a sync that lost only the ledger mark)
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        now = get_current_time_millis()
+        tags = [RunTag("specflow.status", m.status)]
+        if m.ok:
+            metrics = [Metric(k, v, now, 0) for k, v in point_metrics(m).items()]
+            metrics += [Metric("acceptance_per_position", v, now, i)
+                        for i, v in enumerate(m.per_position_acceptance)]
+            self.client.log_batch(run_id, metrics=metrics, tags=tags)
+        else:
+            tags += [RunTag("specflow.failure", m.failure or "unknown"),
+                     RunTag("specflow.failure_detail", (m.failure_detail or "")[-4000:])]
+            self.client.log_batch(run_id, tags=tags)
+        with tempfile.TemporaryDirectory() as tmp:
+            if ec is not None:
+                spec_file = Path(tmp) / "speculative_config.json"
+                spec_file.write_text(json.dumps(ec.speculative_config, indent=2))
+                argv_file = Path(tmp) / "serve_argv.json"
+                argv_file.write_text(json.dumps(list(ec.serve_argv), indent=2))
+                self.client.log_artifact(run_id, str(spec_file))
+                self.client.log_artifact(run_id, str(argv_file))
+            record = Path(tmp) / "measurement.json"
+            record.write_text(json.dumps(m.to_json(), indent=1))
+            self.client.log_artifact(run_id, str(record))
+        for f in files:
+            if Path(f).is_file():
+                self.client.log_artifact(run_id, str(f))
+        self.client.set_terminated(run_id, status="FINISHED" if m.ok else "FAILED")
+        return run_id
+
+    def log_summary(self, run_id: str, metrics: dict[str, float], files: Iterable[Path],
+                    status: str = "FINISHED", artifact_path: str | None = None) -> None:
+        """Metrics and files (report, plots) on the parent run, then close it."""
+        from mlflow.entities import Metric
+        from mlflow.utils.time import get_current_time_millis
+
+        now = get_current_time_millis()
+        if metrics:
+            self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0)
+                                                   for k, v in metrics.items()])
+        for f in files:
+            if Path(f).is_file():
+                self.client.log_artifact(run_id, str(f), artifact_path)
+        self.client.set_terminated(run_id, status=status)
+
+    def log_point_metric(self, run_id: str, key: str, value: float) -> None:
+        self.client.log_metric(run_id, key, float(value))

