@@ -26,6 +26,7 @@ commands:
   headroom       memory headroom of every engine config on the hardware
   build-models   build the tiny local models used by the CPU demo and the tests
   probe          show what the installed vLLM accepts (methods, --speculative-config keys)
+  restore        restore CLASS [VERSION]: make the previous champion of a class current again
 
 overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
 key=value (sweep.repeats=5), +key=value to add, ~key to delete.
@@ -58,6 +59,9 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], dict[str, str | bool]]:
                                      one_of(["--cfg", "--no-probe", "--json", "--help"]))])
         elif "=" not in a and not a.startswith(("~", "+")) and not overrides and i == 0:
             command = a
+        elif "=" not in a and not a.startswith(("~", "+")) and command == "restore":
+            flags.setdefault("args", [])
+            flags["args"].append(a)  # type: ignore[union-attr]
         else:
             overrides.append(a)
         i += 1
@@ -289,6 +293,26 @@ def cmd_probe(overrides: list[str], flags: dict) -> int:
     return 0
 
 
+def cmd_restore(overrides: list[str], flags: dict) -> int:
+    """Make the previous (or a named) champion of a traffic class current again."""
+    from specflow import promote
+    from specflow.config import load
+
+    args = list(flags.get("args") or [])
+    if not args or len(args) > 2:
+        raise SpecError([Problem("restore", "needs a traffic class and optionally a version",
+                                 args, "restore CLASS [VERSION] [overrides]")])
+    output_dir = load(overrides).spec.promote.output_dir
+    try:
+        p = promote.restore(output_dir, args[0], args[1] if len(args) > 1 else None)
+    except promote.PromotionError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 1
+    sys.stdout.write(f"restored {p.traffic_class} champion {p.version} (was {p.previous}): "
+                     f"{p.path}\n")
+    return 0
+
+
 def cmd_build_models(overrides: list[str], flags: dict) -> int:
     from pathlib import Path
 
@@ -306,6 +330,7 @@ COMMANDS: dict[str, Callable[[list[str], dict], int]] = {
     "compile": cmd_compile,
     "headroom": cmd_headroom,
     "build-models": cmd_build_models,
+    "restore": cmd_restore,
     "probe": cmd_probe,
 }
 

@@ -265,3 +265,18 @@ def test_gate_says_which_bands_it_could_not_compare(tmp_path: Path) -> None:
     assert p.status == "promoted"
     assert p.gate.notes == ("band c5-32 was decided only by the previous champion; not compared",
                             "band c5-64 was decided only by the new champion; not compared")
+
+
+def test_restore_is_one_command(tmp_path: Path) -> None:
+    from .conftest import run_cli
+
+    first = _promote("first", tmp_path)
+    second = _promote("second", tmp_path)
+    proc = run_cli("restore", "math", f"promote.output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert f"restored math champion {first.version} (was {second.version})" in proc.stdout
+    assert champion(tmp_path, "math")["version"] == first.version
+    proc = run_cli("restore", "chat", f"promote.output_dir={tmp_path}")
+    assert proc.returncode == 1 and "nothing was ever promoted" in proc.stderr
+    proc = run_cli("restore", f"promote.output_dir={tmp_path}")
+    assert proc.returncode == 2 and "restore CLASS [VERSION]" in proc.stderr
