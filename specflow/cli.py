@@ -186,6 +186,8 @@ def cmd_run(overrides: list[str], flags: dict) -> int:
         finally:
             sweep.PROGRESS.clear()
     summary = result["outcome"]
+    for note in result["plan"]["notes"]:
+        err.print(f"[yellow]workload warning:[/] {note}", markup=True)
     _print_outcome(summary, out, time.monotonic() - start)
     return 0 if summary["decided"] and not summary["missing"] else 1
 

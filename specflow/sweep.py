@@ -84,7 +84,7 @@ def _local_models(loaded: Loaded) -> bool:
     root = Path(loaded.spec.paths.models).resolve()
     paths = [loaded.spec.target.model] + [
         c.model for d in loaded.spec.drafter.values() for c in d.checkpoints.values()]
-    return any(Path(p).resolve().is_relative_to(root) for p in paths if not p.startswith("hf:"))
+    return any(Path(p).resolve().is_relative_to(root) for p in paths)
 
 
 def experiment_name(loaded: Loaded) -> str:
