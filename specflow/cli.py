@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from specflow.errors import Problem, SpecError, did_you_mean, one_of
 
@@ -99,7 +100,7 @@ def _probe_plan(loaded, plan, flags) -> None:  # noqa: ANN001
     try:
         facts = probe.facts(loaded.spec.backend.vllm_command)
     except probe.ProbeError as exc:
-        err.print(f"[yellow]warning:[/] installed-vLLM check skipped: {exc}")
+        err.print(f"[yellow]warning:[/] installed-vLLM check skipped: {escape(str(exc))}")
         return
     problems = []
     for ec in plan.engine_configs:
@@ -116,7 +117,7 @@ def cmd_compile(overrides: list[str], flags: dict) -> int:
     loaded, plan = load_plan(overrides)
     _probe_plan(loaded, plan, flags)
     for w in plan.warnings:
-        err.print(f"[yellow]warning:[/] {w}")
+        err.print(f"[yellow]warning:[/] {escape(w)}")
     sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
     return 0
 
@@ -160,7 +161,7 @@ def cmd_run(overrides: list[str], flags: dict) -> int:
     loaded, plan = load_plan(overrides)  # invalid input: exit 2 before Prefect starts
     _probe_plan(loaded, plan, flags)
     for w in plan.warnings:
-        err.print(f"[yellow]warning:[/] {w}")
+        err.print(f"[yellow]warning:[/] {escape(w)}")
     _orchestration_env()
     from pipelines.sweep import run
 
@@ -187,7 +188,7 @@ def cmd_run(overrides: list[str], flags: dict) -> int:
             sweep.PROGRESS.clear()
     summary = result["outcome"]
     for note in result["plan"]["notes"]:
-        err.print(f"[yellow]workload warning:[/] {note}", markup=True)
+        err.print(f"[yellow]workload warning:[/] {escape(note)}")
     _print_outcome(summary, out, time.monotonic() - start)
     return 0 if summary["decided"] and not summary["missing"] else 1
 
@@ -204,7 +205,7 @@ def _print_outcome(summary: dict, out: Console, elapsed: float) -> None:
             table.add_row(*(str(row[c]) for c in cols))
         out.print(table)
     for p in summary["problems"]:
-        out.print(f"[yellow]no decision:[/] {p}")
+        out.print(f"[yellow]no decision:[/] {escape(p)}")
     out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
               f"missing {len(summary['missing'])}")
     for p in summary["promotions"]:
@@ -286,7 +287,7 @@ def cmd_probe(overrides: list[str], flags: dict) -> int:
     try:
         facts = probe.facts(loaded.spec.backend.vllm_command)
     except probe.ProbeError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     sys.stdout.write(json.dumps({
         "distribution": facts.distribution, "version": facts.version,
@@ -308,7 +309,7 @@ def cmd_restore(overrides: list[str], flags: dict) -> int:
     try:
         p = promote.restore(output_dir, args[0], args[1] if len(args) > 1 else None)
     except promote.PromotionError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     sys.stdout.write(f"restored {p.traffic_class} champion {p.version} (was {p.previous}): "
                      f"{p.path}\n")
