@@ -194,30 +194,39 @@ def cmd_run(overrides: list[str], flags: dict) -> int:
 
 
 def _print_outcome(summary: dict, out: Console, elapsed: float) -> None:
+    """The decision per class and band (the full table with every candidate is in the report)."""
     from rich.table import Table
 
-    if summary["table"]:
+    rows = summary["table"]
+    if rows:
         table = Table(title="decision per traffic class and concurrency band")
-        cols = list(summary["table"][0])
-        for col in cols:
-            table.add_column(col)
-        for row in summary["table"]:
-            table.add_row(*(str(row[c]) for c in cols))
+        for col in ("class", "band", "deploy", "N", "speedup [CI]", "runner-up / why not"):
+            table.add_column(col, overflow="fold")
+        for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
+            mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
+            win = next(r for r in mine if r["verdict"] == "winner")
+            others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
+                            key=lambda r: -(r["lo"] or 0))
+            best = others[0] if others else None
+            why = (f"{best['engine']}: {best['speedup']:.3f} [{best['lo']:.3f}, {best['hi']:.3f}] "
+                   f"{best['verdict']}" if best else "")
+            table.add_row(cls, band, win["engine"], str(win["N"]),
+                          f"{win['speedup']:.3f} [{win['lo']:.3f}, {win['hi']:.3f}]", escape(why))
         out.print(table)
     for p in summary["problems"]:
         out.print(f"[yellow]no decision:[/] {escape(p)}")
     out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
               f"missing {len(summary['missing'])}")
     for p in summary["promotions"]:
-        out.print(f"promoted [{p['status']}] {p['traffic_class']}: {p['path']}")
+        out.print(escape(f"{p['status']} {p['traffic_class']}: {p['path']}"))
     if summary["report"]:
-        out.print(f"report: {summary['report']}")
+        out.print(escape(f"report (every candidate, plots): {summary['report']}"))
     uri = summary["tracking_uri"]
     if summary["tracking_error"]:
-        out.print(f"[yellow]MLflow was unreachable ({summary['tracking_error']}); "
+        out.print(f"[yellow]MLflow was unreachable ({escape(summary['tracking_error'])}); "
                   f"{summary['unlogged']} windows are kept locally and synced on the next run[/]")
-    out.print(f"results: mlflow ui --backend-store-uri {uri}  (experiment "
-              f"'{summary['experiment']}', parent run {summary['parent_run_id']})")
+    out.print(escape(f"results: mlflow ui --backend-store-uri {uri}  (experiment "
+                     f"'{summary['experiment']}', parent run {summary['parent_run_id']})"))
 
 
 def headroom_reports(loaded, plan) -> list:  # noqa: ANN001
