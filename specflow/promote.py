@@ -71,7 +71,7 @@ class Promotion:
     """The outcome of `promote_class` or `restore`."""
 
     traffic_class: str
-    status: Literal["promoted", "refused", "restored"]
+    status: Literal["promoted", "refused", "restored", "unchanged"]
     version: str
     path: Path
     """The champion file, or the refused record."""
@@ -313,6 +313,11 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
     record = build_record(result, engines, promote)
     with _locked(cdir):
         old = champion(cdir.parent, result.traffic_class)
+        if old is not None and not force and \
+                _version(record, now).split("-", 1)[1] == old["version"].split("-", 1)[1]:
+            # the same evidence again (a resumed or re-validated sweep with nothing new)
+            return Promotion(result.traffic_class, "unchanged", old["version"], cdir / CHAMPION,
+                             old.get("previous"), GateResult(True), old)
         gate = regression_gate(record, old, promote)
         if force and not gate.passed:
             gate = dataclasses.replace(gate, passed=True, forced=True)

@@ -280,3 +280,12 @@ def test_restore_is_one_command(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "nothing was ever promoted" in proc.stderr
     proc = run_cli("restore", f"promote.output_dir={tmp_path}")
     assert proc.returncode == 2 and "restore CLASS [VERSION]" in proc.stderr
+
+
+def test_the_same_evidence_again_changes_nothing(tmp_path: Path) -> None:
+    hooked: list[Promotion] = []
+    first = _promote("first", tmp_path, on_promoted=hooked.append)
+    again = _promote("first", tmp_path, on_promoted=hooked.append)
+    assert again.status == "unchanged" and again.version == first.version
+    assert hooked == [first]  # no second registration
+    assert history(tmp_path, "math") == [first.version]
