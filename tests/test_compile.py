@@ -129,3 +129,14 @@ def test_endpoint_backend_argv_ignores_engine_knobs_but_compiles() -> None:
     loaded, plan = load_plan(["backend=endpoint", "backend.served_model_name=q", "drafter=none"])
     assert [e.name for e in plan.engine_configs] == ["baseline"]
     assert serve_argv(loaded.spec, None)[0] == "vllm"
+
+
+def test_cfg_job_prints_the_composed_config() -> None:
+    import yaml
+
+    proc = run_cli("compile", "experiment=cpu_demo", "sweep.repeats=4", "--cfg", "job")
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["sweep"]["repeats"] == 4
+    assert set(cfg["drafter"]) == {"none", "ngram", "draft_model"}
+    assert "hydra" not in cfg
