@@ -71,6 +71,21 @@ class EngineStartError(RuntimeError):
         super().__init__(f"{failure.kind}: {failure.message}")
 
 
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM it when specflow dies, so a killed sweep leaves no engine.
+
+    Engines run in their own process group (stopped as a group), which also shields them from a
+    kill of specflow's group; Linux's parent-death signal closes that gap. Elsewhere a no-op.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 # --------------------------------------------------------------------------------------------
 # Pure helpers
 
@@ -430,7 +445,8 @@ class LocalEngine(Server):
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                              stderr=subprocess.STDOUT, env=self.env,
-                                             start_new_session=True)
+                                             start_new_session=True,
+                                             preexec_fn=die_with_parent)
         except OSError as exc:  # e.g. backend.vllm_command names nothing runnable
             self._mark(f"cannot run {argv[0]}: {exc}")
             raise EngineStartError(EngineFailure(

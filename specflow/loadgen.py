@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol
 
-from specflow.engine import group_members, kill_group
+from specflow.engine import die_with_parent, group_members, kill_group
 from specflow.vllm_launcher import vllm_command
 
 DRIVER = Path(__file__).with_name("bench_driver.py")
@@ -120,7 +120,8 @@ class BenchDriver:
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen([self.python, str(DRIVER)], stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, stderr=log, env=self.env,
-                                             text=True, start_new_session=True)
+                                             text=True, start_new_session=True,
+                                             preexec_fn=die_with_parent)
         except OSError as exc:  # reported by wait_ready
             self._launch_error = f"cannot run {self.python}: {exc}"
             return
@@ -231,7 +232,7 @@ class BenchProcess:
                 proc = subprocess.Popen([*self.prefix, "bench", "serve", *argv],
                                         stdin=subprocess.DEVNULL, stdout=out,
                                         stderr=subprocess.STDOUT, env=self.env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         except OSError as exc:
             return JobResult(False, f"cannot run {self.prefix[0]}: {exc}")
         self._seen.add(proc.pid)

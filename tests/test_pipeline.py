@@ -114,6 +114,22 @@ def _count_starts(tmp: Path) -> int:
     return len(_ledger(tmp).events("engine_start"))
 
 
+def _processes_using(path: Path) -> list[str]:
+    """Command lines of live processes that mention `path` (engines, load generators)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(path) in cmd and state != "Z":
+            found.append(f"{proc.name}: {cmd[:200]}")
+    return found
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -147,6 +163,11 @@ def test_killed_flow_with_mlflow_down_resumes_missing_points_and_syncs(tmp_path:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+    # nothing the killed flow started outlives it (engines run in their own process group)
+    deadline = time.monotonic() + 60
+    while _processes_using(models) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _processes_using(models), _processes_using(models)
     kept = [e for e in _ledger(tmp_path).entries() if e.measurement.ok]
     assert kept and not any(e.logged for e in kept)  # MLflow was down: kept locally only
     starts_before = _count_starts(tmp_path)
