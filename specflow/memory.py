@@ -43,6 +43,8 @@ QUANT_BITS_PER_PARAM = {
     "compressed-tensors": 8.0,  # assumed fp8 (W8A8), the common case
 }
 """Bits per quantized weight including scales; embeddings and LM head stay in the model dtype."""
+KV_SHARED_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
+"""Drafter config types whose attention reads the target's KV cache (no KV of their own)."""
 
 ASSUMPTIONS = (
     "activations of the profiling pass ~ max_num_batched_tokens x hidden x dtype x 16, plus "
@@ -243,14 +245,16 @@ def arch_from_config(cfg: dict[str, Any], num_params: float | None = None) -> Ar
                                     window=int(t["sliding_window"])))
     else:
         groups.append(FullAttention(count=layers_n, num_kv_heads=kv, head_dim=head_dim))
-    if cfg.get("num_kv_shared_layers") and t.get("model_type") == "gemma4_assistant":
+    # A Gemma 4 assistant's layers all read the target's KV (its text_config is gemma4_text)
+    assistant = cfg.get("model_type") in KV_SHARED_MODEL_TYPES or \
+        t.get("model_type") in KV_SHARED_MODEL_TYPES
+    if assistant:
         groups = []
     mtp = int(t.get("num_nextn_predict_layers") or t.get("mtp_num_hidden_layers") or 0)
     vocab = int(t.get("vocab_size") or cfg.get("vocab_size"))
     params = num_params or estimate_params(hidden, layers_n, vocab, t)
     return Architecture(hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab,
-                        num_params=params, layers=groups, mtp_depth=mtp,
-                        kv_shared=not groups and t.get("model_type") == "gemma4_assistant")
+                        num_params=params, layers=groups, mtp_depth=mtp, kv_shared=assistant)
 
 
 def estimate_params(hidden: int, layers: int, vocab: int, t: dict[str, Any]) -> float:

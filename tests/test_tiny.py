@@ -84,6 +84,60 @@ def test_copy_and_derived_relate_to_target(models: dict[str, Path]) -> None:
     assert all(0 < i < layers for i in eagle["eagle_aux_hidden_state_layer_ids"])
 
 
+@pytest.mark.parametrize("kind", ["mimo_mtp1", "gemma4", "qwen3"])
+def test_agreeing_targets_walk_their_orbits(models: dict[str, Path], kind: str) -> None:
+    """Greedy decoding in transformers: each next token is f(current), for any prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
+
+    geo = tiny._geometry(128, 2048)
+    cls = Qwen2ForCausalLM if kind.startswith("mimo") else AutoModelForCausalLM  # MTP layers unused
+    model = cls.from_pretrained(str(models[kind]), dtype=torch.float32).eval()
+    prompt = torch.tensor([[700, 5, 1999, 42, 1234]])
+    out = model.generate(prompt, max_new_tokens=12, do_sample=False)[0].tolist()
+    assert out[5:] == [int(geo.next_token[t]) for t in out[4:-1]]
+    assert len(set(out[5:])) == 12, "the walk does not stall"
+
+
+def test_seed_builds_pair_up(models: dict[str, Path]) -> None:
+    """Drafters read the geometry of their target; random builds share the agreeing shapes."""
+    from safetensors.torch import load_file
+
+    def weights(kind: str) -> dict:
+        return load_file(str(models[kind] / "model.safetensors"))
+
+    def config(kind: str) -> dict:
+        return json.loads((models[kind] / "config.json").read_text())
+
+    for kind in tiny.SEED_KINDS:
+        if kind.endswith("_random"):
+            agreeing, rand = weights(kind.removesuffix("_random")), weights(kind)
+            shapes = {k: v.shape for k, v in agreeing.items()}
+            assert shapes == {k: v.shape for k, v in rand.items()}
+            assert config(kind) == config(kind.removesuffix("_random"))
+    mtp1, mtp2 = weights("mimo_mtp1"), weights("mimo_mtp2")
+    assert all((mtp2[k] == v).all() for k, v in mtp1.items()), "one body, one more MTP layer"
+    assert {k for k in mtp2 if k not in mtp1} == {k.replace("mtp_layers.0", "mtp_layers.1")
+                                                  for k in mtp1 if "mtp_layers.0" in k}
+    assert config("mimo_mtp2")["num_nextn_predict_layers"] == 2
+    assert config("mimo_mtp2")["architectures"] == ["MiMoForCausalLM"]
+
+    gemma, assistant = weights("gemma4"), weights("gemma4_assistant")
+    assert (assistant["model.embed_tokens.weight"] == gemma["lm_head.weight"]).all()
+    acfg = config("gemma4_assistant")
+    assert acfg["model_type"] == "gemma4_assistant" and acfg["backbone_hidden_size"] == 128
+    text = acfg["text_config"]
+    assert text["num_kv_shared_layers"] == text["num_hidden_layers"]
+    assert not any("k_proj" in k or "v_proj" in k for k in assistant), "Q-only layers"
+
+    dflash, dcfg = weights("qwen3_dflash"), config("qwen3_dflash")
+    assert dcfg["architectures"] == ["DFlashDraftModel"]
+    assert not any(k.startswith(("model.", "lm_head", "embed_tokens")) for k in dflash)
+    assert (dflash["fc.weight"] == 0).all() and dflash["fc.weight"].shape == (128, 256)
+    target_layers = config("qwen3")["num_hidden_layers"]
+    assert all(i <= target_layers - 2 for i in dcfg["dflash_config"]["target_layer_ids"])
+
+
 def test_tokenizer_loads_offline(models: dict[str, Path]) -> None:
     from transformers import AutoTokenizer
 
