@@ -229,19 +229,6 @@ def _print_outcome(summary: dict, out: Console, elapsed: float) -> None:
                      f"'{summary['experiment']}', parent run {summary['parent_run_id']})"))
 
 
-def headroom_reports(loaded, plan) -> list:  # noqa: ANN001
-    """Headroom of every engine config, with the real device memory when one is present."""
-    from specflow import device, memory
-
-    total = free = None
-    if loaded.spec.headroom.use_device_probe:
-        found = [d for d in device.probe() if d.vendor == loaded.spec.hardware.vendor]
-        if found:
-            total, free = found[0].total_bytes, found[0].free_bytes
-    return [memory.headroom(loaded.spec, ec, device_total_bytes=total, device_free_bytes=free)
-            for ec in plan.engine_configs]
-
-
 def print_headroom(reports: list, out: Console) -> None:  # noqa: ANN001
     from rich.table import Table
 
@@ -275,6 +262,8 @@ def cmd_headroom(overrides: list[str], flags: dict) -> int:
     from specflow.config import load_plan
 
     loaded, plan = load_plan(overrides)
+    from specflow.sweep import headroom_reports
+
     reports = headroom_reports(loaded, plan)
     if flags.get("json"):
         sys.stdout.write(json.dumps([h.to_json() for h in reports], indent=2) + "\n")

@@ -116,12 +116,25 @@ def pins(ctx_loaded: Loaded, facts: probe.VllmFacts) -> dict[str, str]:
     return out
 
 
+def headroom_reports(loaded: Loaded, plan: SweepPlan) -> list[Headroom]:
+    """Headroom of every engine config, with the real device memory when one is present."""
+    from specflow import device, memory
+
+    total = free = None
+    if loaded.spec.headroom.use_device_probe:
+        found = [d for d in device.probe() if d.vendor == loaded.spec.hardware.vendor]
+        if found:
+            total, free = found[0].total_bytes, found[0].free_bytes
+    return [memory.headroom(loaded.spec, ec, device_total_bytes=total, device_free_bytes=free)
+            for ec in plan.engine_configs]
+
+
 def prepare(overrides: Sequence[str], *, tracking: bool = True) -> Context:
     """Validate, probe vLLM, check headroom, materialise workloads; open the ledger and MLflow.
 
     Raises SpecError for anything the user must fix (exit 2).
     """
-    from specflow import cli, tiny, workloads
+    from specflow import tiny, workloads
     from specflow.runner import plan_windows
 
     overrides = tuple(overrides)
@@ -141,7 +154,7 @@ def prepare(overrides: Sequence[str], *, tracking: bool = True) -> Context:
         tiny.build_all(Path(spec.paths.models))
     workdir = Path(spec.tracking.workdir).resolve()
     ledger = Ledger(workdir, ledger_mod.sweep_id(plan.hash, facts.version))
-    reports = {ec.hash: h for ec, h in zip(plan.engine_configs, cli.headroom_reports(loaded, plan))}
+    reports = {ec.hash: h for ec, h in zip(plan.engine_configs, headroom_reports(loaded, plan))}
     tokenizer = spec.target.tokenizer or spec.target.model
     local_tok = Path(tokenizer).expanduser()
     datasets = workloads.materialize_all(
