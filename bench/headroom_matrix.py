@@ -15,9 +15,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from specflow.config import conf_dir, load_plan, options
-from specflow.errors import SpecError
-from specflow.memory import headroom
+from specflow.config.compose import conf_dir, load_plan, options
+from specflow.core.errors import SpecError
+from specflow.core.memory import headroom
 
 
 def main() -> int:

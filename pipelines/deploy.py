@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=1, help="concurrent runs of this deployment")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the swept config")
     args = parser.parse_args(argv)
-    from specflow.config import load_plan
+    from specflow.config.compose import load_plan
 
     load_plan(args.overrides)  # refuse an invalid config before serving it on a schedule
     sweep_flow.serve(name=args.name, cron=args.cron, limit=args.limit,

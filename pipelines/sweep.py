@@ -13,7 +13,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from specflow import sweep
+from specflow.steps import sweep
 
 _CONTEXTS: dict[tuple[str, ...], sweep.Context] = {}
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from specflow.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
 
 EXIT_INVALID = 2
 
@@ -78,7 +78,7 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], dict[str, str | bool]]:
 def _print_cfg(overrides: list[str], which: str) -> int:
     from omegaconf import OmegaConf
 
-    from specflow.config import compose_raw, conf_dir, load
+    from specflow.config.compose import compose_raw, conf_dir, load
 
     load(overrides)  # validate first: --cfg never prints an invalid config silently
     cfg, _ = compose_raw(overrides, conf_dir())
@@ -95,7 +95,7 @@ def _probe_plan(loaded, plan, flags) -> None:  # noqa: ANN001
     """Reject what the installed vLLM does not know; warn (not fail) when vLLM is absent."""
     if flags.get("no_probe"):
         return
-    from specflow import probe
+    from specflow.engine import probe
 
     try:
         facts = probe.facts(loaded.spec.backend.vllm_command)
@@ -112,7 +112,7 @@ def _probe_plan(loaded, plan, flags) -> None:  # noqa: ANN001
 
 
 def cmd_compile(overrides: list[str], flags: dict) -> int:
-    from specflow.config import load_plan
+    from specflow.config.compose import load_plan
 
     loaded, plan = load_plan(overrides)
     _probe_plan(loaded, plan, flags)
@@ -124,7 +124,7 @@ def cmd_compile(overrides: list[str], flags: dict) -> int:
 
 def default_overrides(overrides: list[str]) -> list[str]:
     """The embedded default: with no GPU and no experiment/target/hardware chosen, the CPU demo."""
-    from specflow import device
+    from specflow.engine import device
 
     chosen = {o.split("=", 1)[0].lstrip("+") for o in overrides}
     if chosen & {"experiment", "target", "hardware"} or device.probe():
@@ -154,8 +154,8 @@ def cmd_run(overrides: list[str], flags: dict) -> int:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specflow import sweep
-    from specflow.config import load_plan
+    from specflow.steps import sweep
+    from specflow.config.compose import load_plan
 
     overrides = default_overrides(overrides)
     loaded, plan = load_plan(overrides)  # invalid input: exit 2 before Prefect starts
@@ -259,10 +259,10 @@ def print_headroom(reports: list, out: Console) -> None:  # noqa: ANN001
 
 
 def cmd_headroom(overrides: list[str], flags: dict) -> int:
-    from specflow.config import load_plan
+    from specflow.config.compose import load_plan
 
     loaded, plan = load_plan(overrides)
-    from specflow.sweep import headroom_reports
+    from specflow.steps.sweep import headroom_reports
 
     reports = headroom_reports(loaded, plan)
     if flags.get("json"):
@@ -278,8 +278,8 @@ def cmd_headroom(overrides: list[str], flags: dict) -> int:
 
 
 def cmd_probe(overrides: list[str], flags: dict) -> int:
-    from specflow import probe
-    from specflow.config import load
+    from specflow.engine import probe
+    from specflow.config.compose import load
 
     loaded = load(overrides)
     try:
@@ -296,8 +296,8 @@ def cmd_probe(overrides: list[str], flags: dict) -> int:
 
 def cmd_restore(overrides: list[str], flags: dict) -> int:
     """Make the previous (or a named) champion of a traffic class current again."""
-    from specflow import promote
-    from specflow.config import load
+    from specflow.core import promote
+    from specflow.config.compose import load
 
     args = list(flags.get("args") or [])
     if not args or len(args) > 2:
@@ -317,8 +317,8 @@ def cmd_restore(overrides: list[str], flags: dict) -> int:
 def cmd_build_models(overrides: list[str], flags: dict) -> int:
     from pathlib import Path
 
-    from specflow import tiny
-    from specflow.config import load
+    from specflow.demo import tiny
+    from specflow.config.compose import load
 
     root = Path(load(overrides).spec.paths.models)
     paths = tiny.build_all(root)

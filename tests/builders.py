@@ -9,8 +9,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from specflow.compile import EngineConfig
-from specflow.records import Measurement, PointKey
+from specflow.core.compile import EngineConfig
+from specflow.core.records import Measurement, PointKey
 
 DIGESTS = tuple(f"{i:064x}" for i in range(20))
 """Per-request output digests of a 20-prompt workload, as the baseline produces them."""

@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from specflow import probe
-from specflow.analysis import (
+from specflow.engine import probe
+from specflow.core.analysis import (
     AnalysisError,
     Band,
     aggregate,
@@ -20,7 +20,7 @@ from specflow.analysis import (
     ratio_ci,
     to_json,
 )
-from specflow.schema import PromoteSpec, QualitySpec, SloSpec
+from specflow.core.schema import PromoteSpec, QualitySpec, SloSpec
 
 from .builders import BASELINE, DIGESTS, LATENCY, Cand, engine, sweep, window
 

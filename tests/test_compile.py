@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specflow.compile import serve_argv
-from specflow.config import load_plan
-from specflow.errors import SpecError
-from specflow.methods import METHODS
+from specflow.core.compile import serve_argv
+from specflow.config.compose import load_plan
+from specflow.core.errors import SpecError
+from specflow.core.methods import METHODS
 
 from .conftest import run_cli
 

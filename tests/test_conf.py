@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from specflow.config import GROUPS, MULTI, conf_dir, load, load_plan, options
+from specflow.config.compose import GROUPS, MULTI, conf_dir, load, load_plan, options
 
 CONF = conf_dir()
 

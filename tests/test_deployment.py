@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specflow import tiny
+from specflow.demo import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENT = "specflow-sweep/specflow-revalidate"

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specflow import cli
-from specflow.config import Sources, conf_dir, load, load_plan
-from specflow.errors import SpecError
+from specflow.config.compose import Sources, conf_dir, load, load_plan
+from specflow.core.errors import SpecError
 
 from .conftest import run_cli
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specflow.config import load, load_plan
-from specflow.memory import (
+from specflow.config.compose import load, load_plan
+from specflow.core.memory import (
     arch_from_config,
     arch_from_dir,
     cache_layers,
@@ -136,7 +136,7 @@ def test_arch_from_a_local_directory_and_hf_cache_snapshot(tmp_path: Path,
 
 
 def test_safetensors_parameter_count(tmp_path: Path) -> None:
-    from specflow import tiny
+    from specflow.demo import tiny
 
     path = tiny.build("target", tmp_path)
     # per layer: q 128x128 + k 64x128 + v 64x128 + o 128x128 = 49,152; MLP 3 x 128 x 256 =

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from specflow import tiny
-from specflow.config import load_plan
-from specflow.memory import headroom
-from specflow.vllm_launcher import vllm_command
+from specflow.demo import tiny
+from specflow.config.compose import load_plan
+from specflow.core.memory import headroom
+from specflow.engine.launcher import vllm_command
 
 KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 

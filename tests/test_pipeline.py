@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specflow import tiny
-from specflow.ledger import Ledger
+from specflow.demo import tiny
+from specflow.results.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specflow import probe
+from specflow.engine import probe
 
 from .conftest import run_cli
 
@@ -42,7 +42,7 @@ def test_rejects_unknown_method_and_key_naming_the_version(facts: probe.VllmFact
 
 
 def test_accepts_everything_specflow_compiles(facts: probe.VllmFacts) -> None:
-    from specflow.config import load_plan
+    from specflow.config.compose import load_plan
 
     for target, drafter in [("qwen3_8b", "eagle3"), ("qwen3_8b", "dflash"), ("qwen3_8b", "dspark"),
                             ("qwen3_5_27b", "mtp"), ("gemma4_26b_a4b", "gemma4_mtp"),

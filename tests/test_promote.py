@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from specflow.analysis import ClassResult, analyze
-from specflow.compile import EngineConfig
-from specflow.promote import (
+from specflow.core.analysis import ClassResult, analyze
+from specflow.core.compile import EngineConfig
+from specflow.core.promote import (
     Promotion,
     PromotionError,
     champion,
@@ -23,7 +23,7 @@ from specflow.promote import (
     promote_class,
     restore,
 )
-from specflow.schema import PromoteSpec
+from specflow.core.schema import PromoteSpec
 
 from .builders import BASELINE, Cand, engine, sweep
 
@@ -208,7 +208,7 @@ def test_gate_flags_per_position_acceptance_drops(tmp_path: Path) -> None:
 _KILLED_MID_WRITE = r"""
 import sys, time
 from pathlib import Path
-from specflow.promote import promote_class
+from specflow.core.promote import promote_class
 from tests.test_promote import scenario
 
 out, ready = Path(sys.argv[1]), Path(sys.argv[2])

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specflow.analysis import analyze
-from specflow.report import write_report
-from specflow.schema import PromoteSpec, SloSpec
+from specflow.core.analysis import analyze
+from specflow.results.report import write_report
+from specflow.core.schema import PromoteSpec, SloSpec
 
 from .builders import BASELINE, Cand, engine, sweep, window
 

@@ -26,10 +26,11 @@ from typing import Any
 
 import pytest
 
-from specflow import metrics, tiny
-from specflow.compile import EngineConfig
-from specflow.config import load_plan
-from specflow.engine import (
+from specflow.engine import metrics
+from specflow.demo import tiny
+from specflow.core.compile import EngineConfig
+from specflow.config.compose import load_plan
+from specflow.engine.server import (
     classify_exit,
     group_members,
     http_get,
@@ -38,9 +39,9 @@ from specflow.engine import (
     served_model_name,
     tokenizer_of,
 )
-from specflow.loadgen import bench_env, driver_python
-from specflow.records import Measurement
-from specflow.runner import (
+from specflow.engine.loadgen import bench_env, driver_python
+from specflow.core.records import Measurement
+from specflow.engine.runner import (
     Window,
     bench_argv,
     measure_command,
@@ -49,7 +50,7 @@ from specflow.runner import (
     run_engine,
     run_sweep,
 )
-from specflow.schema import EndpointBackend, LocalBackend
+from specflow.core.schema import EndpointBackend, LocalBackend
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 N = 3

@@ -25,13 +25,14 @@ from typing import Any
 
 import pytest
 
-from specflow import tiny, workloads
-from specflow.config import load, load_plan
-from specflow.errors import SpecError
-from specflow.ledger import Ledger
-from specflow.memory import arch_from_config, arch_from_dir, headroom
-from specflow.records import Measurement
-from specflow.runner import plan_windows, run_engine
+from specflow.demo import tiny
+from specflow.workloads import generate as workloads
+from specflow.config.compose import load, load_plan
+from specflow.core.errors import SpecError
+from specflow.results.ledger import Ledger
+from specflow.core.memory import arch_from_config, arch_from_dir, headroom
+from specflow.core.records import Measurement
+from specflow.engine.runner import plan_windows, run_engine
 
 from .conftest import run_cli
 
@@ -119,7 +120,7 @@ def test_mtp_depth_rule_rejects_before_start(tmp_path: Path) -> None:
 
 VLLM_DEPTH_SCRIPT = r"""
 import json, sys
-from specflow.vllm_launcher import install_version_shim
+from specflow.engine.launcher import install_version_shim
 install_version_shim()
 from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 target = ModelConfig(model=sys.argv[1], dtype="float32", max_model_len=1024, enforce_eager=True)

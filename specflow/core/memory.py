@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from specflow.compile import EngineConfig
-from specflow.methods import METHODS
-from specflow.schema import (
+from specflow.core.compile import EngineConfig
+from specflow.core.methods import METHODS
+from specflow.core.schema import (
     Architecture,
     FullAttention,
     LinearAttention,

@@ -1,7 +1,7 @@
 """Measure engine configs on a real vLLM server: load, counters, one Measurement per window.
 
-Per engine config: one engine start (`specflow.engine`), one long-lived load generator
-(`specflow.loadgen`), and every (workload, concurrency, repeat) window run against them. Per
+Per engine config: one engine start (`specflow.engine.server`), one long-lived load generator
+(`specflow.engine.loadgen`), and every (workload, concurrency, repeat) window run against them. Per
 window: optional warm-up requests (a separate bench run, outside every measured window), a
 /metrics scrape, the measured `vllm bench serve` run, another scrape; the bench result JSON
 becomes a frozen Measurement and specflow's own counter deltas must equal bench's exactly.
@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from specflow import metrics
-from specflow.compile import EngineConfig
-from specflow.engine import (
+from specflow.engine import metrics
+from specflow.core.compile import EngineConfig
+from specflow.engine.server import (
     Endpoint,
     EngineFailure,
     EngineStartError,
@@ -36,7 +36,7 @@ from specflow.engine import (
     tail,
     tokenizer_of,
 )
-from specflow.loadgen import (
+from specflow.engine.loadgen import (
     BenchDriver,
     JobResult,
     LoadGenerator,
@@ -45,8 +45,8 @@ from specflow.loadgen import (
     bench_env,
     make_load_generator,
 )
-from specflow.records import LATENCY_METRICS, LATENCY_STATS, Measurement, PointKey
-from specflow.schema import EndpointBackend, LocalBackend, WorkloadSpec
+from specflow.core.records import LATENCY_METRICS, LATENCY_STATS, Measurement, PointKey
+from specflow.core.schema import EndpointBackend, LocalBackend, WorkloadSpec
 
 RESULT_FILE = "result.json"
 PERCENTILE_METRICS = ",".join(LATENCY_METRICS)
@@ -144,7 +144,7 @@ def read_prompts(w: Window) -> list[str]:
 
 def prompt_hash(prompts: Sequence[str]) -> str:
     """sha256 of the exact prompts sent, in order (JSON list of strings, UTF-8), as
-    `specflow.workloads` hashes a materialised dataset."""
+    `specflow.workloads.generate` hashes a materialised dataset."""
     return hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode("utf-8")
                           ).hexdigest()
 
@@ -453,7 +453,7 @@ def measure_command(overrides: Sequence[str], datasets: Mapping[str, Path],
     are in the output, never raised). Resuming is the caller's: pass finished point ids as
     `skip`.
     """
-    from specflow.config import load_plan
+    from specflow.config.compose import load_plan
 
     out = out or sys.stdout
     loaded, plan = load_plan(list(overrides))

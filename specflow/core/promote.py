@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from specflow.analysis import Analysis, ClassResult, decision_rows, to_json
-from specflow.compile import EngineConfig
-from specflow.schema import PromoteSpec
+from specflow.core.analysis import Analysis, ClassResult, decision_rows, to_json
+from specflow.core.compile import EngineConfig
+from specflow.core.schema import PromoteSpec
 
 _SAFE = re.compile(r"[A-Za-z0-9_.-]+")
 SCHEMA_VERSION = 1

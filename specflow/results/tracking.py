@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specflow.compile import EngineConfig, SweepPlan
-from specflow.records import Measurement
+from specflow.core.compile import EngineConfig, SweepPlan
+from specflow.core.records import Measurement
 
-log = logging.getLogger("specflow.tracking")
+log = logging.getLogger("specflow.results.tracking")
 
 SWEEP_TAG = "specflow.sweep_id"
 POINT_TAG = "specflow.point_id"

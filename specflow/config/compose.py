@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from specflow.errors import Problem, SpecError, did_you_mean, one_of
-from specflow.schema import Spec
+from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.core.schema import Spec
 
 GROUPS = ("target", "drafter", "hardware", "workload", "sweep", "promote", "backend", "experiment")
 """Config groups under conf/."""
@@ -32,7 +32,7 @@ MULTI = ("drafter", "workload")
 def conf_dir() -> Path:
     """The conf/ directory: $SPECFLOW_CONF, else the one beside the package (editable install)."""
     env = os.environ.get("SPECFLOW_CONF")
-    path = Path(env) if env else Path(__file__).resolve().parent.parent / "conf"
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
     if not (path / "config.yaml").is_file():
         raise SpecError([Problem("conf", "no config.yaml found", str(path), "a conf/ directory")])
     return path
@@ -544,7 +544,7 @@ def load_spec(overrides: Sequence[str] = ()) -> Spec:
 
 def catalog(root: Path | None = None) -> Any:
     """Names of every target and drafter entry in conf/ (for cross-checks)."""
-    from specflow.compile import Catalog
+    from specflow.core.compile import Catalog
 
     root = root or conf_dir()
     return Catalog(targets=tuple(options("target", root)), drafters=tuple(options("drafter", root)))
@@ -552,7 +552,7 @@ def catalog(root: Path | None = None) -> Any:
 
 def load_plan(overrides: Sequence[str] = (), root: Path | None = None) -> tuple[Loaded, Any]:
     """Compose, validate and compile; every problem carries the file or override it came from."""
-    from specflow.compile import compile_plan
+    from specflow.core.compile import compile_plan
 
     root = root or conf_dir()
     earlier: list[Problem] = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.errors import Problem, did_you_mean, one_of
+from specflow.core.errors import Problem, did_you_mean, one_of
 
 _VERSION_SCRIPT = r"""
 import importlib.metadata as md, json

@@ -26,9 +26,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from specflow.compile import EngineConfig
-from specflow.schema import EndpointBackend, LocalBackend
-from specflow.vllm_launcher import vllm_command
+from specflow.core.compile import EngineConfig
+from specflow.core.schema import EndpointBackend, LocalBackend
+from specflow.engine.launcher import vllm_command
 
 FailureKind = Literal["start_failed", "oom", "hang", "busy_port", "crashed", "killed",
                       "unreachable"]

@@ -15,16 +15,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specflow import ledger as ledger_mod
-from specflow import probe
-from specflow.compile import EngineConfig, SweepPlan
-from specflow.config import Loaded, load_plan
-from specflow.errors import Problem, SpecError
-from specflow.ledger import Ledger
-from specflow.memory import Headroom
-from specflow.records import Measurement, PointKey
+from specflow.results import ledger as ledger_mod
+from specflow.engine import probe
+from specflow.core.compile import EngineConfig, SweepPlan
+from specflow.config.compose import Loaded, load_plan
+from specflow.core.errors import Problem, SpecError
+from specflow.results.ledger import Ledger
+from specflow.core.memory import Headroom
+from specflow.core.records import Measurement, PointKey
 
-log = logging.getLogger("specflow.sweep")
+log = logging.getLogger("specflow.steps.sweep")
 
 OnPoint = Callable[[Measurement], None]
 
@@ -94,7 +94,7 @@ def experiment_name(loaded: Loaded) -> str:
 
 def pins(ctx_loaded: Loaded, facts: probe.VllmFacts) -> dict[str, str]:
     """Versions and revisions that make a result reproducible (logged on the parent run)."""
-    from specflow import device
+    from specflow.engine import device
 
     s = ctx_loaded.spec
     out = {"specflow": md.version("specflow"), "vllm": facts.version,
@@ -118,7 +118,8 @@ def pins(ctx_loaded: Loaded, facts: probe.VllmFacts) -> dict[str, str]:
 
 def headroom_reports(loaded: Loaded, plan: SweepPlan) -> list[Headroom]:
     """Headroom of every engine config, with the real device memory when one is present."""
-    from specflow import device, memory
+    from specflow.engine import device
+    from specflow.core import memory
 
     total = free = None
     if loaded.spec.headroom.use_device_probe:
@@ -134,8 +135,9 @@ def prepare(overrides: Sequence[str], *, tracking: bool = True) -> Context:
 
     Raises SpecError for anything the user must fix (exit 2).
     """
-    from specflow import tiny, workloads
-    from specflow.runner import plan_windows
+    from specflow.demo import tiny
+    from specflow.workloads import generate as workloads
+    from specflow.engine.runner import plan_windows
 
     overrides = tuple(overrides)
     loaded, plan = load_plan(overrides)
@@ -176,7 +178,7 @@ def open_tracking(ctx: Context) -> None:
     """Reach MLflow and open (or reopen) the sweep's parent run; offline is not fatal."""
     from omegaconf import OmegaConf
 
-    from specflow.tracking import Tracker
+    from specflow.results.tracking import Tracker
 
     spec = ctx.spec
     try:
@@ -247,7 +249,7 @@ def _refused(ctx: Context, ec: EngineConfig, h: Headroom) -> list[Measurement]:
 
 def run_config(ctx: Context, engine_hash: str, on_point: OnPoint | None = None) -> dict[str, Any]:
     """Measure every missing window of one engine config; finished ones are not redone."""
-    from specflow.runner import run_engine
+    from specflow.engine.runner import run_engine
 
     ec = ctx.engine(engine_hash)
     h = ctx.headroom[ec.hash]
@@ -371,7 +373,9 @@ def _register(ctx: Context, promotion: Any) -> None:
 
 def decide(ctx: Context) -> Outcome:
     """Analyse every finished window, write the report and plots, promote per traffic class."""
-    from specflow import analysis, promote, report
+    from specflow.core import analysis
+    from specflow.core import promote
+    from specflow.results import report
 
     base = baseline(ctx)
     ms = measurements(ctx)

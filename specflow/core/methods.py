@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specflow.schema import Drafting, Method
+from specflow.core.schema import Drafting, Method
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 Every model is frozen and forbids unknown keys; every field is typed, bounded and documented by
 the docstring under it. Derived values (engine configs, hashes, memory) are computed in
-`specflow.compile` and `specflow.memory`, never here. Checks that span sections (drafter vs
-target, sweep vs drafters) live in `specflow.compile`.
+`specflow.core.compile` and `specflow.core.memory`, never here. Checks that span sections (drafter vs
+target, sweep vs drafters) live in `specflow.core.compile`.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ class HardwareSpec(_Model):
 
 
 Generator = Literal["tool_calling", "structured_json", "code_completion", "chat", "random"]
-"""Offline prompt generators (see `specflow.workloads`); `random` is random tokens (unrealistic)."""
+"""Offline prompt generators (see `specflow.workloads.generate`); `random` is random tokens (unrealistic)."""
 
 
 class GeneratedSource(_Model):

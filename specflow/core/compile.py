@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specflow.errors import Problem, SpecError, did_you_mean, one_of
-from specflow.methods import METHODS, MethodInfo
-from specflow.schema import Checkpoint, DrafterSpec, Spec, TargetSpec
+from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.core.methods import METHODS, MethodInfo
+from specflow.core.schema import Checkpoint, DrafterSpec, Spec, TargetSpec
 
 NGRAM_DEFAULT_LOOKUP = 5
 """vLLM's prompt_lookup_min/max when neither is given."""

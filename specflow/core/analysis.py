@@ -48,9 +48,9 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
-from specflow.methods import METHODS
-from specflow.records import Measurement
-from specflow.schema import PromoteSpec
+from specflow.core.methods import METHODS
+from specflow.core.records import Measurement
+from specflow.core.schema import PromoteSpec
 
 BASELINE_METHOD = "none"
 """`Measurement.method` of the no-speculation baseline."""

@@ -48,8 +48,8 @@ from typing import Any
 
 import yaml
 
-from specflow.errors import Problem, SpecError, did_you_mean, one_of
-from specflow.schema import (
+from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.core.schema import (
     GeneratedSource,
     HfSource,
     JsonlSource,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.records import Measurement
+from specflow.core.records import Measurement
 
 
 def sweep_id(plan_hash: str, vllm_version: str) -> str:

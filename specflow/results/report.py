@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from specflow.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
+from specflow.core.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
 
 
 @dataclass(frozen=True)

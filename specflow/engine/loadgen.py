@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol
 
-from specflow.engine import die_with_parent, group_members, kill_group
-from specflow.vllm_launcher import vllm_command
+from specflow.engine.server import die_with_parent, group_members, kill_group
+from specflow.engine.launcher import vllm_command
 
 DRIVER = Path(__file__).with_name("bench_driver.py")
 """The driver script, run by path with the vLLM environment's interpreter."""

@@ -1,0 +1,1 @@
+"""Hydra composition of conf/ and the translation of every failure into problem lines."""

@@ -1,0 +1,1 @@
+"""The vLLM side: server process, launcher, installed-vLLM probe, devices, load generation, metrics, runner."""

@@ -1,0 +1,1 @@
+"""Where results go: the resumable ledger, MLflow tracking, the report and console output."""

@@ -1,0 +1,1 @@
+"""The steps of a sweep (prepare, measure one engine config, sync, decide), callable without Prefect."""

@@ -1,0 +1,1 @@
+"""Traffic classes: offline prompt generators, packaged datasets, HF-cache readers, rendering."""
