@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from specflow.core import hfcache
 from specflow.core.compile import EngineConfig
 from specflow.core.methods import METHODS
 from specflow.core.schema import (
@@ -285,14 +286,8 @@ def snapshot_dir(model: str, revision: str | None = None) -> Path | None:
     path = Path(model).expanduser()
     if (path / "config.json").is_file():
         return path
-    cache = Path(os.environ.get("HF_HUB_CACHE") or Path(
-        os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
-    repo = cache / f"models--{model.replace('/', '--')}"
-    ref = revision or "main"
-    refs = repo / "refs" / ref
-    commit = refs.read_text().strip() if refs.is_file() else ref
-    snap = repo / "snapshots" / commit
-    return snap if (snap / "config.json").is_file() else None
+    snap = hfcache.snapshot(model, revision)
+    return snap if snap is not None and (snap / "config.json").is_file() else None
 
 
 def arch_from_dir(directory: Path) -> Architecture:

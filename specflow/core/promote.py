@@ -30,12 +30,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from specflow.core.fsio import BeforeReplace, atomic_write_json
 from specflow.core.analysis import Analysis, ClassResult, decision_rows, to_json
 from specflow.core.compile import EngineConfig
 from specflow.core.schema import PromoteSpec
@@ -83,39 +83,6 @@ class Promotion:
 
 Hook = Callable[[Promotion], None]
 """Called after the files are in place (e.g. to register the champion in MLflow)."""
-BeforeReplace = Callable[[Path, Path], None]
-"""Called with (temporary file, destination) just before each replace (fault injection)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Files
-
-
-def atomic_write_json(path: Path, data: Any, before_replace: BeforeReplace | None = None) -> None:
-    """Write JSON so that `path` holds either its old content or all of the new, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        if before_replace is not None:
-            before_replace(tmp, path)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _read(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())

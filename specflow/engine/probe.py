@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specflow.core.fsio import atomic_write_json
 from specflow.core.errors import Problem, did_you_mean, one_of
 
 _VERSION_SCRIPT = r"""
@@ -140,10 +141,7 @@ def facts(vllm_command: Sequence[str] | None = None, use_cache: bool = True) -> 
         data = json.loads(path.read_text())
     else:
         data = _run(python, _PROBE_SCRIPT)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+        atomic_write_json(path, data)
     return VllmFacts(dist, version, tuple(data["methods"]), tuple(data["mtp_aliases"]),
                      tuple(data["fields"]), data.get("torch"))
 

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from specflow.engine import metrics
 from specflow.core.compile import EngineConfig
+from specflow.core.fsio import atomic_write_json
 from specflow.engine.server import (
     Endpoint,
     EngineFailure,
@@ -290,12 +291,6 @@ def _point_dir(workdir: Path, key: PointKey) -> Path:
     return workdir / "points" / key.id
 
 
-def _write_record(path: Path, record: Mapping[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
 def _windows(server: Server, gen: LoadGenerator, ec: EngineConfig, todo: Sequence[Window],
              workdir: Path, timeout_s: float) -> Iterator[tuple[Measurement, EngineFailure | None]]:
     """Measure windows in order; stop after the first one that finds the server down."""
@@ -337,7 +332,7 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
                               engine_dir / f"{ec.name}-{ec.hash}.loadgen.log")
 
     def record(**extra: Any) -> None:
-        _write_record(record_path, {
+        atomic_write_json(record_path, {
             "engine": ec.name, "hash": ec.hash, "argv": redact_argv(engine.argv(engine.port or 0)),
             "base_url": engine.base_url if engine.port else None, "log": str(engine.log_path),
             "attempts": engine.attempts, "start_s": engine.start_s,

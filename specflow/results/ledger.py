@@ -16,21 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specflow.core.fsio import atomic_write_json
 from specflow.core.records import Measurement
 
 
 def sweep_id(plan_hash: str, vllm_version: str) -> str:
     """Identity of a sweep for resume: the plan and the engine that measures it."""
     return hashlib.sha256(f"{plan_hash}|{vllm_version}".encode()).hexdigest()[:16]
-
-
-def _atomic_write(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -60,14 +52,14 @@ class Ledger:
         """Keep a finished (or failed) window, not yet logged to MLflow."""
         old = self.get(m.key.id)
         run_id = run_id or (old.run_id if old else None)
-        _atomic_write(self._path(m.key.id), {"measurement": m.to_json(), "run_id": run_id,
+        atomic_write_json(self._path(m.key.id), {"measurement": m.to_json(), "run_id": run_id,
                                              "logged": False})
 
     def mark_logged(self, point_id: str, run_id: str) -> None:
         entry = self.get(point_id)
         if entry is None:
             raise KeyError(point_id)
-        _atomic_write(self._path(point_id), {"measurement": entry.measurement.to_json(),
+        atomic_write_json(self._path(point_id), {"measurement": entry.measurement.to_json(),
                                              "run_id": run_id, "logged": True})
 
     def get(self, point_id: str) -> Entry | None:
