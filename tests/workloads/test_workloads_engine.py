@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specflow.demo import tiny
-from specflow.workloads import generate as workloads
+from specflow import workloads
 from specflow.config.compose import load_plan
+from specflow.demo import tiny
 from specflow.engine.runner import plan_windows, run_engine
 
 
