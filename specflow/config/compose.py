@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.core.compile import Catalog, SweepPlan, compile_plan
+from specflow.core.errors import Problem, ProblemError, Raw, SpecError, did_you_mean, one_of
 from specflow.core.schema import Spec
 
 GROUPS = ("target", "drafter", "hardware", "workload", "sweep", "promote", "backend", "experiment")
@@ -30,9 +31,10 @@ MULTI = ("drafter", "workload")
 
 
 def conf_dir() -> Path:
-    """The conf/ directory: $SPECFLOW_CONF, else the one beside the package (editable install)."""
+    """The conf/ directory: $SPECFLOW_CONF, else the one shipped in the package (`specflow/conf`,
+    a link to the source tree's conf/ in a checkout, a copy of it in an installed wheel)."""
     env = os.environ.get("SPECFLOW_CONF")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / "conf"
     if not (path / "config.yaml").is_file():
         raise SpecError([Problem("conf", "no config.yaml found", str(path), "a conf/ directory")])
     return path
@@ -52,6 +54,15 @@ class Loaded:
     choices: dict[str, Any]
     overrides: tuple[str, ...]
     raw: dict[str, Any] = field(repr=False)
+
+
+class PartialSpecError(SpecError):
+    """Bad overrides, the rest of the config valid: `partial` is the config without them, so
+    that the cross-section checks can still report their problems in the same run."""
+
+    def __init__(self, problems: Sequence[Problem], partial: Loaded):
+        super().__init__(problems)
+        self.partial = partial
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,7 +85,8 @@ class Sources:
             ):
                 return f"override {ov}"
         experiment = self.choices.get("experiment")
-        if experiment and _has_path(_read_yaml(self.root / "experiment" / f"{experiment}.yaml"), path):
+        overlay = self.root / "experiment" / f"{experiment}.yaml"
+        if experiment and _has_path(_read_yaml(overlay), path):
             return f"conf/experiment/{experiment}.yaml"
         head, _, rest = path.partition(".")
         if head in MULTI:
@@ -178,7 +190,8 @@ def walk(loc: Sequence[str | int], root: type[BaseModel] = Spec) -> tuple[list[s
 def fields_of(tp: Any) -> list[str]:
     """Field names allowed at a schema node (union members combined)."""
     tp = _strip_optional(tp)
-    members = _union_members(tp) or ([tp] if isinstance(tp, type) and issubclass(tp, BaseModel) else [])
+    is_model = isinstance(tp, type) and issubclass(tp, BaseModel)
+    members = _union_members(tp) or ([tp] if is_model else [])
     names: list[str] = []
     for m in members:
         names.extend(n for n in m.model_fields if n not in names)
@@ -262,7 +275,8 @@ def problems_from_validation(err: ValidationError, sources: Sources | None = Non
             elif kind in ("too_short", "string_too_short"):
                 n = ctx.get("min_length", 1)
                 what = "character" if kind == "string_too_short" else "item"
-                problem = Problem(path, "too short", got, f"at least {n} {what}{'s' if n != 1 else ''}")
+                plural = "s" if n != 1 else ""
+                problem = Problem(path, "too short", got, f"at least {n} {what}{plural}")
             elif kind == "too_long":
                 problem = Problem(path, "too long", got, f"at most {ctx.get('max_length')} items")
             elif kind == "string_pattern_mismatch":
@@ -270,19 +284,7 @@ def problems_from_validation(err: ValidationError, sources: Sources | None = Non
             elif kind in _TYPES:
                 problem = Problem(path, "wrong type", got, _TYPES[kind])
             elif kind == "value_error":
-                msg = str(ctx.get("error", e["msg"]))
-                sub, sep, rest = msg.partition(": ")
-                if sep and sub.isidentifier():
-                    path, msg = dotted([*user_path, sub]), rest
-                pieces = msg.split("; ")
-                problem = Problem(
-                    path, pieces[0],
-                    got=pieces[1][4:] if len(pieces) > 1 and pieces[1].startswith("got ") else got,
-                    expected=pieces[2][9:] if len(pieces) > 2 else "",
-                )
-                if len(pieces) > 1 and pieces[1].startswith("got "):
-                    problem = Problem(problem.path, problem.problem, _Raw(pieces[1][4:]),
-                                      problem.expected)
+                problem = _from_value_error(ctx.get("error"), user_path, got, e["msg"])
             else:
                 problem = Problem(path, e["msg"], got, _describe(tp))
         if sources is not None:
@@ -292,11 +294,14 @@ def problems_from_validation(err: ValidationError, sources: Sources | None = Non
     return out
 
 
-class _Raw(str):
-    """A value already rendered as text (shown without extra quotes)."""
-
-    def __repr__(self) -> str:
-        return str(self)
+def _from_value_error(error: object, user_path: Sequence[str | int], got: Any, msg: str
+                      ) -> Problem:
+    """A validator's `ProblemError` (its path is relative to the model at `user_path`)."""
+    if isinstance(error, ProblemError):
+        p = error.problem
+        path = dotted([*user_path, *p.path.split(".")]) if p.path else dotted(user_path)
+        return Problem(path, p.problem, p.got, p.expected, p.suggestion)
+    return Problem(dotted(user_path), str(error) if error is not None else msg, got)
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,7 +360,7 @@ def _check_overrides(overrides: Sequence[str], root: Path) -> tuple[list[Problem
         if unknown is not None:
             i, allowed = unknown
             problems.append(Problem(".".join(parts[: i + 1]), "unknown key",
-                                    _Raw(text.split("=", 1)[-1]), one_of(allowed),
+                                    Raw(text.split("=", 1)[-1]), one_of(allowed),
                                     did_you_mean(parts[i], allowed), source))
             continue
         good.append(text)
@@ -393,15 +398,15 @@ def _hydra_problem(exc: Exception, overrides: Sequence[str]) -> Problem:
         parent_path, parent_tp = walk(key.split(".")[:-1])
         allowed = fields_of(parent_tp)
         if key.split(".")[0] in MULTI and _unknown_part(key.split(".")) is None:
-            return Problem(key, f"{key.split('.')[1]!r} is not selected", _Raw(value or ""),
+            return Problem(key, f"{key.split('.')[1]!r} is not selected", Raw(value or ""),
                            f"a key of a selected {key.split('.')[0]} (select it with "
                            f"{key.split('.')[0]}=[...])", source=f"override {key}={value}")
         leaf = key.split(".")[-1]
         if _unknown_part(key.split(".")) is None:
             return Problem(key, "adds entries to a mapping, which a plain override cannot do",
-                           _Raw(value or ""), f"'++{key}=...' (replace) or "
+                           Raw(value or ""), f"'++{key}=...' (replace) or "
                            f"'+{key}.<name>=...' (add one entry)", source=f"override {key}={value}")
-        return Problem(key, "unknown key", _Raw(value or ""), one_of(allowed) if allowed else
+        return Problem(key, "unknown key", Raw(value or ""), one_of(allowed) if allowed else
                        "an existing key (use +key=value to add one)",
                        did_you_mean(leaf, allowed), f"override {key}={value}")
     m = re.search(r"Could not find '([^']+)'", text)
@@ -449,7 +454,6 @@ def selected(group: str, root: Path, choices: dict[str, Any], overrides: Sequenc
              ) -> list[str] | None:
     """Entries chosen for a list group: the command line, else the experiment, else config.yaml."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
@@ -476,10 +480,8 @@ def selected(group: str, root: Path, choices: dict[str, Any], overrides: Sequenc
 
 def to_plain(cfg: Any, choices: dict[str, Any], sources: Sources) -> dict[str, Any]:
     """Resolve interpolations and strip Hydra's node; unresolved values become problems."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
-
-    from omegaconf import open_dict
 
     with open_dict(cfg):
         cfg.pop("hydra", None)
@@ -529,40 +531,25 @@ def load(overrides: Sequence[str] = (), root: Path | None = None) -> Loaded:
         raise SpecError(problems + problems_from_validation(err, sources)) from None
     loaded = Loaded(spec, choices, overrides, data)
     if problems:
-        # The rest of the config is valid without the bad overrides: keep it so that the
-        # cross-section checks can still report their problems in the same run.
-        error = SpecError(problems)
-        error.partial = loaded  # type: ignore[attr-defined]
-        raise error
+        raise PartialSpecError(problems, loaded)
     return loaded
 
 
-def load_spec(overrides: Sequence[str] = ()) -> Spec:
-    """Compose and validate conf/ with these overrides."""
-    return load(overrides).spec
-
-
-def catalog(root: Path | None = None) -> Any:
+def catalog(root: Path | None = None) -> Catalog:
     """Names of every target and drafter entry in conf/ (for cross-checks)."""
-    from specflow.core.compile import Catalog
-
     root = root or conf_dir()
     return Catalog(targets=tuple(options("target", root)), drafters=tuple(options("drafter", root)))
 
 
-def load_plan(overrides: Sequence[str] = (), root: Path | None = None) -> tuple[Loaded, Any]:
+def load_plan(overrides: Sequence[str] = (), root: Path | None = None
+              ) -> tuple[Loaded, SweepPlan]:
     """Compose, validate and compile; every problem carries the file or override it came from."""
-    from specflow.core.compile import compile_plan
-
     root = root or conf_dir()
     earlier: list[Problem] = []
     try:
         loaded = load(overrides, root)
-    except SpecError as err:
-        partial = getattr(err, "partial", None)
-        if partial is None:
-            raise
-        loaded, earlier = partial, err.problems
+    except PartialSpecError as err:
+        loaded, earlier = err.partial, err.problems
     sources = Sources(root, loaded.choices, loaded.overrides)
     try:
         plan = compile_plan(loaded.spec, catalog(root))

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -534,7 +535,7 @@ def bands_for(promote: PromoteSpec, levels: Sequence[int]
         else:
             bands.append(Band(lo, hi))
     bands.sort(key=lambda b: b.lo)
-    for a, b in zip(bands, bands[1:]):
+    for a, b in itertools.pairwise(bands):
         if b.lo <= a.hi:
             problems.append(f"promote.concurrency_bands: {[a.lo, a.hi]} overlaps {[b.lo, b.hi]}; "
                             "expected disjoint bands")
@@ -597,7 +598,7 @@ def _references(baseline: Sequence[PointStats]) -> tuple[dict[str, _Reference], 
     """Per workload, the baseline's reference outputs (or why there are none)."""
     runs: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
     for p in baseline:
-        for ph, d in zip(p.prompt_hashes, p.digests):
+        for ph, d in zip(p.prompt_hashes, p.digests, strict=True):
             runs[p.workload].append((ph, d))
     refs, missing = {}, {}
     for workload in sorted({p.workload for p in baseline}):
@@ -609,7 +610,7 @@ def _references(baseline: Sequence[PointStats]) -> tuple[dict[str, _Reference], 
             missing[workload] = (f"the baseline's runs of {workload} used different prompts "
                                  "(prompt_hash or count differs); re-measure it")
             continue
-        per_request = list(zip(*(d for _, d in rs)))
+        per_request = list(zip(*(d for _, d in rs), strict=True))
         reference = tuple(min(Counter(seen).most_common(), key=lambda kv: (-kv[1], kv[0]))[0]
                           for seen in per_request)
         unstable = frozenset(i for i, seen in enumerate(per_request) if len(set(seen)) > 1)
@@ -635,14 +636,15 @@ def quality_check(candidate: Sequence[PointStats], refs: Mapping[str, _Reference
                             "calibration needs two")
         bad: set[int] = set()
         for p in (p for p in candidate if p.workload == workload):
-            for ph, d in zip(p.prompt_hashes, p.digests):
+            for ph, d in zip(p.prompt_hashes, p.digests, strict=True):
                 if not d:
                     problems.append(f"{p.label} recorded no output digests")
                 elif len(d) != len(ref.digests) or (ph and ref.prompt_hash
                                                     and ph != ref.prompt_hash):
                     problems.append(f"{p.label} was sent different prompts than the baseline")
                 else:
-                    bad.update(i for i, (x, y) in enumerate(zip(d, ref.digests)) if x != y)
+                    pairs = enumerate(zip(d, ref.digests, strict=False))
+                    bad.update(i for i, (x, y) in pairs if x != y)
         requests += len(ref.digests)
         mismatched += len(bad)
         excused += len(bad & excusable)
@@ -703,119 +705,199 @@ def pick(eligible: Sequence[Verdict], tie_tolerance: float) -> tuple[Verdict, li
     return dataclasses.replace(winner, status="winner"), others
 
 
-def _verdict(engine: PointStats, pts: Sequence[PointStats],
-             base: Mapping[tuple[str, int], list[float]], refs: Mapping[str, _Reference],
-             missing: Mapping[str, str], refused: bool, promote: PromoteSpec) -> Verdict:
-    """Gate one candidate in one band (its points: every workload x level of the band)."""
-    reasons: list[Reason] = []
-    if refused:
-        reasons.append(Reason("headroom", "refused by the headroom check (does not fit)"))
-    failed = [p for p in pts if not p.n_ok]
-    for p in failed:
-        what = ", ".join(f"{r} x{n}" for r, n in p.failures.items())
-        reasons.append(Reason("failed", f"every repeat failed at {p.workload} c={p.concurrency} "
-                                        f"({what})"))
-    ok = [p for p in pts if p.n_ok]
-    quality = None
-    if ok:
-        quality = quality_check(ok, refs, missing, promote)
-        if not quality.passed:
-            detail = quality.problem or (
-                f"{quality.unexcused} of {quality.requests} requests differ from the baseline "
-                f"({quality.fraction:.1%} > {quality.tolerance:.1%}; {quality.excused} more "
-                f"excused as baseline-unstable); e.g. {', '.join(quality.examples)}")
-            reasons.append(Reason("quality", detail))
-    for v in slo_violations(ok, promote):
-        reasons.append(Reason("slo", v))
-    speedups = []
-    threshold = 1 + promote.margin
+@dataclass(frozen=True)
+class _BandInputs:
+    """What every band of one traffic class is decided from."""
+
+    traffic_class: str
+    workloads: tuple[str, ...]
+    candidates: Mapping[str, list[PointStats]]
+    """Candidate points by engine hash."""
+    baseline_points: tuple[PointStats, ...]
+    """The opening baseline points of the class."""
+    baseline: Mapping[tuple[str, int], list[float]]
+    """Baseline throughput at (workload, concurrency), opening and closing runs pooled."""
+    refs: Mapping[str, _Reference]
+    missing_refs: Mapping[str, str]
+    """Workloads without a usable baseline reference, with why."""
+    refused: Collection[str]
+    """Engine hashes the headroom check refused."""
+    drift: tuple[Drift, ...]
+    promote: PromoteSpec
+
+
+def _failed_reasons(pts: Sequence[PointStats]) -> list[Reason]:
+    """Points where every repeat failed."""
+    return [Reason("failed", f"every repeat failed at {p.workload} c={p.concurrency} "
+                             f"({', '.join(f'{r} x{n}' for r, n in p.failures.items())})")
+            for p in pts if not p.n_ok]
+
+
+def _quality_gate(ok: Sequence[PointStats], inputs: _BandInputs
+                  ) -> tuple[QualityCheck | None, list[Reason]]:
+    """The output-equality check of a candidate's usable points, and its rejection if any."""
+    if not ok:
+        return None, []
+    quality = quality_check(ok, inputs.refs, inputs.missing_refs, inputs.promote)
+    if quality.passed:
+        return quality, []
+    detail = quality.problem or (
+        f"{quality.unexcused} of {quality.requests} requests differ from the baseline "
+        f"({quality.fraction:.1%} > {quality.tolerance:.1%}; {quality.excused} more "
+        f"excused as baseline-unstable); e.g. {', '.join(quality.examples)}")
+    return quality, [Reason("quality", detail)]
+
+
+def _speedups(ok: Sequence[PointStats], inputs: _BandInputs) -> list[PointSpeedup]:
+    """Candidate vs pooled baseline at each usable point."""
+    out = []
     for p in ok:
-        b = base[(p.workload, p.concurrency)]
-        est, cv = ratio_ci(p.values, b, promote, p.engine_hash, p.workload, p.concurrency)
-        speedups.append(PointSpeedup(p.workload, p.concurrency, est, p.n_ok, len(b), cv))
-    worst = min(speedups, key=lambda s: s.speedup.lo) if speedups else None
-    for s in speedups:
-        if s.speedup.lo >= threshold:
-            continue
-        e = s.speedup
-        detail = (f"lower bound {e.lo:.3f} < {threshold:.3f} at {s.workload} c={s.concurrency} "
-                  f"(speedup {e.value:.3f}, {e.confidence:.0%} CI [{e.lo:.3f}, {e.hi:.3f}], "
-                  f"n={s.n_candidate}/{s.n_baseline})")
-        need = repeats_needed(e.value, threshold, s.cv, promote.confidence)
-        if e.hi < 1:
-            detail += "; slower than the baseline"
-        elif need is None:
-            detail += f"; the gain is below the {promote.margin:.0%} margin"
-        else:
-            detail += (f"; inconclusive: about {need} repeats per side would settle it at the "
-                       f"observed noise (CV {s.cv:.1%})")
-        reasons.append(Reason("speedup", detail))
+        b = inputs.baseline[(p.workload, p.concurrency)]
+        est, cv = ratio_ci(p.values, b, inputs.promote, p.engine_hash, p.workload, p.concurrency)
+        out.append(PointSpeedup(p.workload, p.concurrency, est, p.n_ok, len(b), cv))
+    return out
+
+
+def _speedup_reason(s: PointSpeedup, promote: PromoteSpec) -> Reason | None:
+    """Why a point's speedup lower bound misses 1 + margin, and what would settle it."""
+    threshold = 1 + promote.margin
+    e = s.speedup
+    if e.lo >= threshold:
+        return None
+    detail = (f"lower bound {e.lo:.3f} < {threshold:.3f} at {s.workload} c={s.concurrency} "
+              f"(speedup {e.value:.3f}, {e.confidence:.0%} CI [{e.lo:.3f}, {e.hi:.3f}], "
+              f"n={s.n_candidate}/{s.n_baseline})")
+    need = repeats_needed(e.value, threshold, s.cv, promote.confidence)
+    if e.hi < 1:
+        detail += "; slower than the baseline"
+    elif need is None:
+        detail += f"; the gain is below the {promote.margin:.0%} margin"
+    else:
+        detail += (f"; inconclusive: about {need} repeats per side would settle it at the "
+                   f"observed noise (CV {s.cv:.1%})")
+    return Reason("speedup", detail)
+
+
+def _median_acceptance(ok: Sequence[PointStats]) -> float | None:
+    rates = [p.acceptance_rate for p in ok if p.acceptance_rate is not None]
+    return float(np.median(rates)) if rates else None
+
+
+def _verdict(inputs: _BandInputs, pts: Sequence[PointStats]) -> Verdict:
+    """Gate one candidate in one band (its points: every workload x level of the band)."""
+    engine = pts[0]
+    reasons: list[Reason] = []
+    if engine.engine_hash in inputs.refused:
+        reasons.append(Reason("headroom", "refused by the headroom check (does not fit)"))
+    reasons += _failed_reasons(pts)
+    ok = [p for p in pts if p.n_ok]
+    quality, quality_reasons = _quality_gate(ok, inputs)
+    reasons += quality_reasons
+    reasons += [Reason("slo", v) for v in slo_violations(ok, inputs.promote)]
+    speedups = _speedups(ok, inputs)
+    reasons += [r for s in speedups if (r := _speedup_reason(s, inputs.promote)) is not None]
     return Verdict(
         engine_hash=engine.engine_hash, engine=engine.engine, drafter=engine.drafter,
         method=engine.method, num_speculative_tokens=engine.num_speculative_tokens,
-        speedups=tuple(speedups), worst=worst, quality=quality, rejected=tuple(reasons),
+        speedups=tuple(speedups),
+        worst=min(speedups, key=lambda s: s.speedup.lo) if speedups else None,
+        quality=quality, rejected=tuple(reasons),
         per_position_acceptance=_median_curve(p.per_position_acceptance for p in ok),
-        acceptance_rate=float(np.median([p.acceptance_rate for p in ok
-                                         if p.acceptance_rate is not None]))
-        if any(p.acceptance_rate is not None for p in ok) else None,
+        acceptance_rate=_median_acceptance(ok),
     )
 
 
-def _decide_band(traffic_class: str, band: Band, workloads: Sequence[str],
-                 cand: Mapping[str, list[PointStats]], base_pts: Sequence[PointStats],
-                 base: Mapping[tuple[str, int], list[float]], refs: Mapping[str, _Reference],
-                 missing: Mapping[str, str], refused: Collection[str], drift: Sequence[Drift],
-                 promote: PromoteSpec) -> Decision:
-    levels = tuple(sorted({p.concurrency for p in base_pts if p.concurrency in band}))
+def _band_verdicts(inputs: _BandInputs, band: Band) -> list[Verdict]:
+    """A verdict for every candidate measured in the band where the baseline was too."""
     verdicts = []
-    for engine_hash, pts in sorted(cand.items()):
-        in_band = [p for p in pts if p.concurrency in band and (p.workload, p.concurrency) in base]
+    for _, pts in sorted(inputs.candidates.items()):
+        in_band = [p for p in pts
+                   if p.concurrency in band and (p.workload, p.concurrency) in inputs.baseline]
         if in_band:
-            verdicts.append(_verdict(in_band[0], in_band, base, refs, missing,
-                                     engine_hash in refused, promote))
+            verdicts.append(_verdict(inputs, in_band))
+    return verdicts
+
+
+def _band_notes(inputs: _BandInputs, band: Band) -> list[str]:
+    """Baseline drift in the band, and SLOs the baseline itself breaks there."""
+    notes = [f"the baseline drifted {d.ratio.value - 1:+.1%} between the start and the end of "
+             f"the sweep at {d.workload} c={d.concurrency} (CI [{d.ratio.lo - 1:+.1%}, "
+             f"{d.ratio.hi - 1:+.1%}]); both brackets are pooled as the baseline, which widens "
+             "every speedup CI"
+             for d in inputs.drift if d.concurrency in band and d.flagged]
+    in_band = [p for p in inputs.baseline_points if p.concurrency in band]
+    notes += [f"the baseline itself breaks an SLO ({v}): this band needs capacity, which "
+              "speculation alone may not give" for v in slo_violations(in_band, inputs.promote)]
+    return notes
+
+
+def _winner_reasons(winner: Verdict, promote: PromoteSpec) -> tuple[str, ...]:
+    """The winner's evidence: its worst point's speedup, its quality check, the SLOs."""
+    w, q = winner.worst, winner.quality
+    assert w is not None  # eligible implies measured speedups
+    return (
+        f"{winner.engine} ({winner.method}, N={winner.num_speculative_tokens}): speedup lower "
+        f"bound {w.speedup.lo:.3f} >= {1 + promote.margin:.3f} at its worst point "
+        f"{w.workload} c={w.concurrency} (speedup {w.speedup.value:.3f}, "
+        f"{w.speedup.confidence:.0%} CI [{w.speedup.lo:.3f}, {w.speedup.hi:.3f}])",
+        f"quality: {q.unexcused} of {q.requests} requests differ unexcused "
+        f"(tolerance {q.tolerance:.1%}; {q.excused} excused as baseline-unstable)"
+        if q is not None else "quality: not evaluated",
+        "latency SLOs met at the worst repeat"
+        if any(b is not None for b in promote.slo.model_dump().values())
+        else "no latency SLOs set",
+    )
+
+
+def _off_reasons(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
+    """Why speculation is off in a band: nothing measured, or the gates every candidate failed."""
+    if not verdicts:
+        return ("no speculative candidate was measured in this band",)
+    by_gate = Counter(g for v in verdicts for g in dict.fromkeys(r.gate for r in v.rejected))
+    return (f"speculation off: none of {len(verdicts)} candidates passed "
+            f"(rejected by {', '.join(f'{g} x{n}' for g, n in by_gate.items())})",)
+
+
+def _decide_band(inputs: _BandInputs, band: Band) -> Decision:
+    """The winner of one band (or "off"), every candidate ranked, with the reasons."""
+    levels = tuple(sorted({p.concurrency for p in inputs.baseline_points if p.concurrency in band}))
+    verdicts = _band_verdicts(inputs, band)
     eligible = [v for v in verdicts if v.eligible]
-    rejected = [v for v in verdicts if not v.eligible]
-    notes = []
-    for d in drift:
-        if d.concurrency in band and d.flagged:
-            notes.append(f"the baseline drifted {d.ratio.value - 1:+.1%} between the start and the "
-                         f"end of the sweep at {d.workload} c={d.concurrency} (CI "
-                         f"[{d.ratio.lo - 1:+.1%}, {d.ratio.hi - 1:+.1%}]); both brackets are "
-                         "pooled as the baseline, which widens every speedup CI")
-    for v in slo_violations([p for p in base_pts if p.concurrency in band], promote):
-        notes.append(f"the baseline itself breaks an SLO ({v}): this band needs capacity, "
-                     "which speculation alone may not give")
+    rejected = sorted((v for v in verdicts if not v.eligible), key=_tie_key)
+    winner: Verdict | None = None
     if eligible:
-        winner, others = pick(eligible, promote.tie_tolerance)
-        w = winner.worst
-        assert w is not None  # eligible implies measured speedups
-        q = winner.quality
-        reasons = (
-            f"{winner.engine} ({winner.method}, N={winner.num_speculative_tokens}): speedup lower "
-            f"bound {w.speedup.lo:.3f} >= {1 + promote.margin:.3f} at its worst point "
-            f"{w.workload} c={w.concurrency} (speedup {w.speedup.value:.3f}, "
-            f"{w.speedup.confidence:.0%} CI [{w.speedup.lo:.3f}, {w.speedup.hi:.3f}])",
-            f"quality: {q.unexcused} of {q.requests} requests differ unexcused "
-            f"(tolerance {q.tolerance:.1%}; {q.excused} excused as baseline-unstable)"
-            if q is not None else "quality: not evaluated",
-            "latency SLOs met at the worst repeat"
-            if any(b is not None for b in promote.slo.model_dump().values())
-            else "no latency SLOs set",
-        )
-        candidates = (winner, *sorted(others, key=lambda v: -(v.score or 0.0)),
-                      *sorted(rejected, key=_tie_key))
+        winner, others = pick(eligible, inputs.promote.tie_tolerance)
+        reasons = _winner_reasons(winner, inputs.promote)
+        candidates = (winner, *sorted(others, key=lambda v: -(v.score or 0.0)), *rejected)
     else:
-        winner = None
-        if not verdicts:
-            reasons = ("no speculative candidate was measured in this band",)
+        reasons = _off_reasons(verdicts)
+        candidates = tuple(rejected)
+    return Decision(traffic_class=inputs.traffic_class, band=band, levels=levels,
+                    workloads=inputs.workloads, winner=winner, candidates=candidates,
+                    reasons=reasons, notes=tuple(_band_notes(inputs, band)))
+
+
+def _n_per_band(decisions: Sequence[Decision], drafter: str, tie_tolerance: float
+                ) -> tuple[list[tuple[Band, int]], dict[int, Verdict], list[str]]:
+    """The drafter's N in each band (0 where none of its engines is eligible), its engine per N,
+    and notes on bands another drafter won."""
+    notes = []
+    n_by_band: list[tuple[Band, int]] = []
+    engines: dict[int, Verdict] = {}
+    for d in decisions:
+        if d.winner is not None and d.winner.drafter == drafter:
+            chosen: Verdict | None = d.winner
         else:
-            by_gate = Counter(g for v in rejected
-                              for g in dict.fromkeys(r.gate for r in v.rejected))
-            reasons = (f"speculation off: none of {len(verdicts)} candidates passed "
-                       f"(rejected by {', '.join(f'{g} x{n}' for g, n in by_gate.items())})",)
-        candidates = tuple(sorted(rejected, key=_tie_key))
-    return Decision(traffic_class, band, levels, tuple(workloads), winner, candidates, reasons,
-                    tuple(notes))
+            mine = [v for v in d.candidates if v.drafter == drafter and v.eligible]
+            chosen = pick(mine, tie_tolerance)[0] if mine else None
+        n = chosen.num_speculative_tokens if chosen is not None else 0
+        if chosen is not None:
+            engines[n] = chosen
+        if d.winner is not None and d.winner.drafter != drafter:
+            notes.append(f"band {d.band.label}: {d.winner.engine} won, but one engine serves one "
+                         f"drafter; {drafter} runs N={n} there")
+        n_by_band.append((d.band, n))
+    return n_by_band, engines, notes
 
 
 def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: PointStats,
@@ -833,22 +915,7 @@ def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: Poi
     first = {w.drafter: i for i, w in reversed(winners)}
     method = {w.drafter: w.method for _, w in winners}
     drafter = min(wins, key=lambda d: (-wins[d], first[d], _cost(method[d]), d))
-    notes = []
-    n_by_band: list[tuple[Band, int]] = []
-    engines: dict[int, Verdict] = {}
-    for d in decisions:
-        if d.winner is not None and d.winner.drafter == drafter:
-            chosen: Verdict | None = d.winner
-        else:
-            mine = [v for v in d.candidates if v.drafter == drafter and v.eligible]
-            chosen = pick(mine, tie_tolerance)[0] if mine else None
-        n = chosen.num_speculative_tokens if chosen is not None else 0
-        if chosen is not None:
-            engines[n] = chosen
-        if d.winner is not None and d.winner.drafter != drafter:
-            notes.append(f"band {d.band.label}: {d.winner.engine} won, but one engine serves one "
-                         f"drafter; {drafter} runs N={n} there")
-        n_by_band.append((d.band, n))
+    n_by_band, engines, notes = _n_per_band(decisions, drafter, tie_tolerance)
     n_max = max(n for _, n in n_by_band)
     top = engines[n_max]
     reasons = [f"{drafter} wins {wins[drafter]} of {len(decisions)} bands"]
@@ -863,9 +930,9 @@ def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: Poi
         notes.append("the schedule was assembled from fixed-N measurements; sweep it as one "
                      "engine before relying on it (vLLM drops full CUDA graphs to piecewise for "
                      "a dynamic N, and the drafter's memory is held even where N=0)")
+    ranges = tuple((start, end, k) for start, end, k in schedule) if schedule else None
     return Deployment(traffic_class, "speculate", top.engine_hash, top.engine, drafter,
-                      top.method, n_max, tuple(tuple(r) for r in schedule) if schedule else None,
-                      baseline_hash, tuple(reasons)), notes
+                      top.method, n_max, ranges, baseline_hash, tuple(reasons)), notes
 
 
 def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
@@ -881,58 +948,75 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
     points = aggregate(measurements, promote, "open")
     closing = aggregate(closing_baseline, promote, "close")
     refused = frozenset(refused_by_headroom)
-    problems: list[str] = []
-    for p in closing:
-        if not p.is_baseline:
-            problems.append(f"closing_baseline holds {p.label}, which is not the baseline")
+    problems = [f"closing_baseline holds {p.label}, which is not the baseline"
+                for p in closing if not p.is_baseline]
     results = []
     for traffic_class in sorted({p.traffic_class for p in points}):
         pts = [p for p in points if p.traffic_class == traffic_class]
-        base_pts = [p for p in pts if p.is_baseline]
-        if not base_pts:
-            problems.append(f"traffic class {traffic_class}: the no-speculation baseline was not "
-                            "measured; measure it (sweep.include_baseline: true)")
+        base_pts, problem = _class_baseline(traffic_class, pts)
+        if problem is not None:
+            problems.append(problem)
             continue
-        base_hashes = sorted({p.engine_hash for p in base_pts})
-        if len(base_hashes) > 1:
-            problems.append(f"traffic class {traffic_class}: {len(base_hashes)} baseline engines "
-                            f"({', '.join(base_hashes)}); expected one")
-            continue
-        baseline_hash = base_hashes[0]
-        close_pts = [p for p in closing if p.engine_hash == baseline_hash
-                     and p.traffic_class == traffic_class]
-        grid = sorted({(p.workload, p.concurrency) for p in base_pts})
-        for p in base_pts:
-            if p.n_ok < promote.min_repeats:
-                problems.append(_too_few(p, promote, "the baseline"))
-        cand: dict[str, list[PointStats]] = defaultdict(list)
-        for p in pts:
-            if not p.is_baseline:
-                cand[p.engine_hash].append(p)
-        for engine_hash, cps in sorted(cand.items()):
-            if engine_hash in refused:
-                continue
-            have = {(p.workload, p.concurrency): p for p in cps}
-            for w, c in grid:
-                p = have.get((w, c))
-                if p is None:
-                    problems.append(f"{cps[0].engine} ({engine_hash}) has no window at {w} c={c}; "
-                                    f"measure it ({promote.min_repeats} repeats)")
-                elif 0 < p.n_ok < promote.min_repeats:
-                    problems.append(_too_few(p, promote, p.engine))
-            for w, c in sorted(set(have) - set(grid)):
-                problems.append(f"the baseline has no window at {w} c={c}, where {cps[0].engine} "
-                                "was measured; measure the baseline there")
-        bands, band_problems, band_notes = bands_for(promote, [c for _, c in grid])
+        cand = _candidates(pts)
+        problems += _coverage_problems(base_pts, cand, refused, promote)
+        bands, band_problems, band_notes = bands_for(promote, [p.concurrency for p in base_pts])
         problems += band_problems
         if problems:
-            continue
+            continue  # keep checking the other classes, but decide nothing
+        close_pts = [p for p in closing if p.engine_hash == base_pts[0].engine_hash
+                     and p.traffic_class == traffic_class]
         results.append(_decide_class(traffic_class, bands, band_notes, base_pts, close_pts,
                                      cand, refused, promote))
     if problems:
         raise AnalysisError(problems)
     return Analysis(tuple(results), tuple(points), tuple(closing),
                     promote.model_dump(mode="json"), tuple(sorted(refused)))
+
+
+def _class_baseline(traffic_class: str, pts: Sequence[PointStats]
+                    ) -> tuple[list[PointStats], str | None]:
+    """The class's baseline points, or why there is no single baseline to compare with."""
+    base_pts = [p for p in pts if p.is_baseline]
+    if not base_pts:
+        return [], (f"traffic class {traffic_class}: the no-speculation baseline was not "
+                    "measured; measure it (sweep.include_baseline: true)")
+    base_hashes = sorted({p.engine_hash for p in base_pts})
+    if len(base_hashes) > 1:
+        return [], (f"traffic class {traffic_class}: {len(base_hashes)} baseline engines "
+                    f"({', '.join(base_hashes)}); expected one")
+    return base_pts, None
+
+
+def _candidates(pts: Sequence[PointStats]) -> dict[str, list[PointStats]]:
+    """Speculative points by engine hash."""
+    cand: dict[str, list[PointStats]] = defaultdict(list)
+    for p in pts:
+        if not p.is_baseline:
+            cand[p.engine_hash].append(p)
+    return cand
+
+
+def _coverage_problems(base_pts: Sequence[PointStats], cand: Mapping[str, list[PointStats]],
+                       refused: Collection[str], promote: PromoteSpec) -> list[str]:
+    """Points with too few repeats, and points one side measured but the other did not."""
+    problems = [_too_few(p, promote, "the baseline") for p in base_pts
+                if p.n_ok < promote.min_repeats]
+    grid = sorted({(p.workload, p.concurrency) for p in base_pts})
+    for engine_hash, cps in sorted(cand.items()):
+        if engine_hash in refused:
+            continue
+        have = {(p.workload, p.concurrency): p for p in cps}
+        for w, c in grid:
+            point = have.get((w, c))
+            if point is None:
+                problems.append(f"{cps[0].engine} ({engine_hash}) has no window at {w} c={c}; "
+                                f"measure it ({promote.min_repeats} repeats)")
+            elif 0 < point.n_ok < promote.min_repeats:
+                problems.append(_too_few(point, promote, point.engine))
+        for w, c in sorted(set(have) - set(grid)):
+            problems.append(f"the baseline has no window at {w} c={c}, where {cps[0].engine} "
+                            "was measured; measure the baseline there")
+    return problems
 
 
 def _too_few(p: PointStats, promote: PromoteSpec, who: str) -> str:
@@ -943,15 +1027,13 @@ def _too_few(p: PointStats, promote: PromoteSpec, who: str) -> str:
             "re-measure this point")
 
 
-def _decide_class(traffic_class: str, bands: Sequence[Band], band_notes: Sequence[str],
-                  base_pts: Sequence[PointStats], close_pts: Sequence[PointStats],
-                  cand: Mapping[str, list[PointStats]], refused: Collection[str],
-                  promote: PromoteSpec) -> ClassResult:
-    """Drift, quality references, every band's decision and the deployment of one class."""
-    notes = list(band_notes)
+def _pooled_baseline(base_pts: Sequence[PointStats], close_pts: Sequence[PointStats],
+                     promote: PromoteSpec
+                     ) -> tuple[dict[tuple[str, int], list[float]], list[Drift], list[str]]:
+    """Opening and closing baseline runs pooled per point, the drift between them, and notes."""
     closing = {(p.workload, p.concurrency): p for p in close_pts}
-    drift = []
     base: dict[tuple[str, int], list[float]] = {}
+    drift, notes = [], []
     for p in base_pts:
         end = closing.get((p.workload, p.concurrency))
         base[(p.workload, p.concurrency)] = [*p.values, *(end.values if end else ())]
@@ -965,18 +1047,26 @@ def _decide_class(traffic_class: str, bands: Sequence[Band], band_notes: Sequenc
     if not close_pts:
         notes.append("the baseline was not measured again at the end of the sweep: drift "
                      "unchecked")
+    return base, drift, notes
+
+
+def _decide_class(traffic_class: str, bands: Sequence[Band], band_notes: Sequence[str],
+                  base_pts: Sequence[PointStats], close_pts: Sequence[PointStats],
+                  cand: Mapping[str, list[PointStats]], refused: Collection[str],
+                  promote: PromoteSpec) -> ClassResult:
+    """Drift, quality references, every band's decision and the deployment of one class."""
+    base, drift, drift_notes = _pooled_baseline(base_pts, close_pts, promote)
     refs, missing = _references([*base_pts, *close_pts])
-    workloads = sorted({p.workload for p in base_pts})
-    decisions = tuple(
-        _decide_band(traffic_class, band, workloads, cand,
-                     [p for p in base_pts if p.concurrency in band], base, refs, missing,
-                     refused, drift, promote)
-        for band in bands)
+    inputs = _BandInputs(
+        traffic_class=traffic_class, workloads=tuple(sorted({p.workload for p in base_pts})),
+        candidates=cand, baseline_points=tuple(base_pts), baseline=base, refs=refs,
+        missing_refs=missing, refused=refused, drift=tuple(drift), promote=promote)
+    decisions = tuple(_decide_band(inputs, band) for band in bands)
     explicit = bool(promote.concurrency_bands)
     deployment, dep_notes = _deployment(traffic_class, decisions, base_pts[0],
                                         bands[-1].hi if explicit else None, promote.tie_tolerance)
     return ClassResult(traffic_class, tuple(bands), decisions, deployment, tuple(drift),
-                       tuple(notes + dep_notes))
+                       tuple([*band_notes, *drift_notes, *dep_notes]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -109,136 +109,209 @@ class SweepPlan:
 
 
 # --------------------------------------------------------------------------------------------
-# Cross-section checks
+# Cross-section checks of one drafter entry (each returns its problems, in report order)
+
+_RESERVED_KEYS = frozenset({
+    "method", "model", "revision", "num_speculative_tokens", "prompt_lookup_min",
+    "prompt_lookup_max", "draft_tensor_parallel_size", "draft_sample_method",
+    "num_speculative_tokens_per_batch_size"})
+"""--speculative-config keys specflow sets from a drafter's own fields."""
 
 
-def _check_drafter(spec: Spec, name: str, d: DrafterSpec, catalog: Catalog,
-                   problems: list[Problem], warnings: list[str]) -> None:
+def _where(name: str) -> tuple[str, str]:
+    """Dotted path and conf file of a drafter entry."""
+    return f"drafter.{name}", f"conf/drafter/{name}.yaml"
+
+
+def _check_method(name: str, d: DrafterSpec) -> list[Problem]:
+    """needs_checkpoint and drafting must agree with the method table."""
     info = METHODS[d.method]
-    target = spec.target
-    at = f"drafter.{name}"
-    src = f"conf/drafter/{name}.yaml"
-
+    at, src = _where(name)
+    out = []
     allowed_ckpt = {info.needs_checkpoint} | ({True, False} if info.model_optional else set())
     if d.needs_checkpoint not in allowed_ckpt:
-        problems.append(Problem(f"{at}.needs_checkpoint",
-                                f"method {d.method} {'always' if info.needs_checkpoint else 'never'}"
-                                " loads draft weights", d.needs_checkpoint,
-                                str(info.needs_checkpoint).lower(), source=src))
+        always = "always" if info.needs_checkpoint else "never"
+        out.append(Problem(f"{at}.needs_checkpoint", f"method {d.method} {always} loads draft "
+                           "weights", d.needs_checkpoint, str(info.needs_checkpoint).lower(),
+                           source=src))
     if d.drafting != info.drafting:
-        problems.append(Problem(f"{at}.drafting", f"method {d.method} drafts '{info.drafting}'",
-                                d.drafting, repr(info.drafting), source=src))
-    if catalog.targets:
-        for i, t in enumerate(d.targets):
-            if t not in catalog.targets:
-                problems.append(Problem(f"{at}.targets[{i}]", "unknown target", t,
-                                        one_of(catalog.targets), did_you_mean(t, catalog.targets),
-                                        src))
-        for t in d.checkpoints:
-            if t not in catalog.targets:
-                problems.append(Problem(f"{at}.checkpoints.{t}", "checkpoint for an unknown target",
-                                        t, one_of(catalog.targets),
-                                        did_you_mean(t, catalog.targets), src))
-    if not info.needs_checkpoint and not info.model_optional and d.checkpoints:
-        problems.append(Problem(f"{at}.checkpoints", f"method {d.method} takes no checkpoint",
-                                sorted(d.checkpoints), "an empty mapping", source=src))
-
-    ckpt = d.checkpoints.get(target.name)
-    if d.method == "mtp" and not d.needs_checkpoint:
-        if target.arch.mtp_depth == 0:
-            problems.append(Problem(at, f"target '{target.name}' has no native MTP layers "
-                                    "(target.arch.mtp_depth is 0)", name,
-                                    "a target with MTP layers: " + one_of(d.targets)
-                                    if d.targets else "a target with arch.mtp_depth > 0",
-                                    source=src))
-    elif d.targets and target.name not in d.targets:
-        problems.append(Problem(at, f"drafter '{name}' was not made for target '{target.name}'",
-                                target.name, f"a target it was made for: {one_of(d.targets)}",
-                                source=src))
-    elif d.needs_checkpoint and ckpt is None and not info.model_optional:
-        problems.append(Problem(f"{at}.checkpoints.{target.name}",
-                                f"method {d.method} needs a checkpoint for this target",
-                                None, "a checkpoint {model, revision}", source=src))
-
-    if spec.hardware.vendor == "cpu" and not info.cpu_engine:
-        problems.append(Problem(at, f"method {d.method} cannot run on the CPU engine: "
-                                f"{info.cpu_reason}", spec.hardware.name,
-                                "GPU hardware (e.g. hardware=h200)", source=src))
-    elif spec.hardware.vendor not in d.vendors:
-        problems.append(Problem(at, f"drafter '{name}' is not known to run on "
-                                f"{spec.hardware.vendor} hardware ('{spec.hardware.name}')",
-                                spec.hardware.vendor, f"hardware of a vendor in {d.vendors}",
-                                source=src))
-
-    # ngram lookup bounds, resolved the way vLLM does
-    if d.method != "ngram":
-        for key in ("prompt_lookup_min", "prompt_lookup_max"):
-            if getattr(d, key) is not None:
-                problems.append(Problem(f"{at}.{key}", "only used by method ngram",
-                                        getattr(d, key), "null", source=src))
-    else:
-        lo, hi = _ngram_bounds(d)
-        if lo > hi:
-            problems.append(Problem(f"{at}.prompt_lookup_min",
-                                    f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}", lo,
-                                    f"a value <= {hi}", source=src))
-
-    tp = d.draft_tensor_parallel_size
-    if tp is not None and tp not in (1, target.tensor_parallel_size):
-        problems.append(Problem(f"{at}.draft_tensor_parallel_size",
-                                "must be 1 or the target's tensor_parallel_size", tp,
-                                one_of(sorted({1, target.tensor_parallel_size})), source=src))
-    if (d.method == "draft_model" and tp is not None and tp != target.tensor_parallel_size):
-        problems.append(Problem(f"{at}.draft_tensor_parallel_size",
-                                "vLLM's V1 runner needs draft TP equal to the target's for "
-                                "draft_model", tp, str(target.tensor_parallel_size), source=src))
-    if d.method == "draft_model" and ckpt is not None and ckpt.arch is not None \
-            and ckpt.arch.vocab_size != target.arch.vocab_size:
-        problems.append(Problem(f"{at}.checkpoints.{target.name}.arch.vocab_size",
-                                "draft vocabulary differs from the target's", ckpt.arch.vocab_size,
-                                str(target.arch.vocab_size), source=src))
-    reserved = {"method", "model", "revision", "num_speculative_tokens", "prompt_lookup_min",
-                "prompt_lookup_max", "draft_tensor_parallel_size", "draft_sample_method",
-                "num_speculative_tokens_per_batch_size"}
-    for key in sorted(reserved & set(d.extra_speculative_config)):
-        problems.append(Problem(f"{at}.extra_speculative_config.{key}",
-                                "set by specflow from the drafter's own fields",
-                                d.extra_speculative_config[key],
-                                f"the field drafter.{name}.{key} (or the checkpoint) instead",
-                                source=src))
-    if d.num_speculative_tokens_per_batch_size is not None:
-        problems.extend(_check_schedule(f"{at}.num_speculative_tokens_per_batch_size",
-                                        d.num_speculative_tokens_per_batch_size, src))
+        out.append(Problem(f"{at}.drafting", f"method {d.method} drafts '{info.drafting}'",
+                           d.drafting, repr(info.drafting), source=src))
+    return out
 
 
-def _check_n(spec: Spec, name: str, d: DrafterSpec, ns: Sequence[int], n_path: str, n_src: str,
-             problems: list[Problem], warnings: list[str]) -> None:
+def _check_catalog(name: str, d: DrafterSpec, catalog: Catalog) -> list[Problem]:
+    """Targets and checkpoint keys must name conf/target entries."""
+    known = catalog.targets
+    if not known:
+        return []
+    at, src = _where(name)
+    out = [Problem(f"{at}.targets[{i}]", "unknown target", t, one_of(known),
+                   did_you_mean(t, known), src)
+           for i, t in enumerate(d.targets) if t not in known]
+    out += [Problem(f"{at}.checkpoints.{t}", "checkpoint for an unknown target", t,
+                    one_of(known), did_you_mean(t, known), src)
+            for t in d.checkpoints if t not in known]
+    return out
+
+
+def _check_checkpoints(spec: Spec, name: str, d: DrafterSpec) -> list[Problem]:
+    """A checkpoint only where the method takes one; made for this target (or its MTP layers)."""
     info = METHODS[d.method]
     target = spec.target
+    at, src = _where(name)
+    out = []
+    if not info.needs_checkpoint and not info.model_optional and d.checkpoints:
+        out.append(Problem(f"{at}.checkpoints", f"method {d.method} takes no checkpoint",
+                           sorted(d.checkpoints), "an empty mapping", source=src))
+    if d.method == "mtp" and not d.needs_checkpoint:
+        if target.arch.mtp_depth == 0:
+            out.append(Problem(at, f"target '{target.name}' has no native MTP layers "
+                               "(target.arch.mtp_depth is 0)", name,
+                               "a target with MTP layers: " + one_of(d.targets)
+                               if d.targets else "a target with arch.mtp_depth > 0", source=src))
+    elif d.targets and target.name not in d.targets:
+        out.append(Problem(at, f"drafter '{name}' was not made for target '{target.name}'",
+                           target.name, f"a target it was made for: {one_of(d.targets)}",
+                           source=src))
+    elif d.needs_checkpoint and d.checkpoints.get(target.name) is None \
+            and not info.model_optional:
+        out.append(Problem(f"{at}.checkpoints.{target.name}",
+                           f"method {d.method} needs a checkpoint for this target", None,
+                           "a checkpoint {model, revision}", source=src))
+    return out
+
+
+def _check_hardware(spec: Spec, name: str, d: DrafterSpec) -> list[Problem]:
+    """The method must run on the CPU engine (on CPU), and the drafter on this vendor."""
+    info = METHODS[d.method]
+    hw = spec.hardware
+    at, src = _where(name)
+    if hw.vendor == "cpu" and not info.cpu_engine:
+        return [Problem(at, f"method {d.method} cannot run on the CPU engine: {info.cpu_reason}",
+                        hw.name, "GPU hardware (e.g. hardware=h200)", source=src)]
+    if hw.vendor not in d.vendors:
+        return [Problem(at, f"drafter '{name}' is not known to run on {hw.vendor} hardware "
+                        f"('{hw.name}')", hw.vendor, f"hardware of a vendor in {d.vendors}",
+                        source=src)]
+    return []
+
+
+def _check_ngram(name: str, d: DrafterSpec) -> list[Problem]:
+    """ngram lookup bounds, resolved the way vLLM does; other methods leave them unset."""
+    at, src = _where(name)
+    if d.method != "ngram":
+        return [Problem(f"{at}.{key}", "only used by method ngram", getattr(d, key), "null",
+                        source=src)
+                for key in ("prompt_lookup_min", "prompt_lookup_max")
+                if getattr(d, key) is not None]
+    lo, hi = _ngram_bounds(d)
+    if lo > hi:
+        return [Problem(f"{at}.prompt_lookup_min",
+                        f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}", lo,
+                        f"a value <= {hi}", source=src)]
+    return []
+
+
+def _check_tp(spec: Spec, name: str, d: DrafterSpec) -> list[Problem]:
+    """Draft TP is 1 or the target's; draft_model needs the target's (vLLM's V1 runner)."""
+    tp, target_tp = d.draft_tensor_parallel_size, spec.target.tensor_parallel_size
+    if tp is None:
+        return []
+    at, src = _where(name)
+    out = []
+    if tp not in (1, target_tp):
+        out.append(Problem(f"{at}.draft_tensor_parallel_size",
+                           "must be 1 or the target's tensor_parallel_size", tp,
+                           one_of(sorted({1, target_tp})), source=src))
+    if d.method == "draft_model" and tp != target_tp:
+        out.append(Problem(f"{at}.draft_tensor_parallel_size",
+                           "vLLM's V1 runner needs draft TP equal to the target's for "
+                           "draft_model", tp, str(target_tp), source=src))
+    return out
+
+
+def _check_vocab(spec: Spec, name: str, d: DrafterSpec) -> list[Problem]:
+    """A draft_model drafter must share the target's vocabulary."""
+    target = spec.target
     ckpt = d.checkpoints.get(target.name)
-    if info.vllm_method is None:
-        return
-    if not ns:
-        problems.append(Problem(n_path, f"no num_speculative_tokens values for drafter '{name}'",
-                                [], "a non-empty list of N >= 1", source=n_src))
-    depth = _mtp_depth(d, target, ckpt)
-    for i, n in enumerate(ns):
-        if depth and n > depth:
-            if n % depth:
-                problems.append(Problem(
-                    f"{n_path}[{i}]",
-                    f"num_speculative_tokens:{n} must be divisible by n_predict={depth} "
-                    f"(the MTP depth of '{target.name}')", n,
-                    f"N <= {depth} or a multiple of {depth}", source=n_src))
-            else:
-                warnings.append(f"{name} N={n} reuses the {depth} MTP layer(s) of "
-                                f"'{target.name}' (vLLM warns: lower acceptance expected)")
+    if d.method != "draft_model" or ckpt is None or ckpt.arch is None \
+            or ckpt.arch.vocab_size == target.arch.vocab_size:
+        return []
+    at, src = _where(name)
+    return [Problem(f"{at}.checkpoints.{target.name}.arch.vocab_size",
+                    "draft vocabulary differs from the target's", ckpt.arch.vocab_size,
+                    str(target.arch.vocab_size), source=src)]
+
+
+def _check_extra_config(name: str, d: DrafterSpec) -> list[Problem]:
+    """extra_speculative_config may not set what specflow derives; the schedule follows vLLM."""
+    at, src = _where(name)
+    out = [Problem(f"{at}.extra_speculative_config.{key}",
+                   "set by specflow from the drafter's own fields", d.extra_speculative_config[key],
+                   f"the field drafter.{name}.{key} (or the checkpoint) instead", source=src)
+           for key in sorted(_RESERVED_KEYS & set(d.extra_speculative_config))]
+    if d.num_speculative_tokens_per_batch_size is not None:
+        out += _check_schedule(f"{at}.num_speculative_tokens_per_batch_size",
+                               d.num_speculative_tokens_per_batch_size, src)
+    return out
+
+
+def _check_drafter(spec: Spec, name: str, d: DrafterSpec, catalog: Catalog) -> list[Problem]:
+    """Every problem of one drafter entry against the method table, target and hardware."""
+    return [*_check_method(name, d), *_check_catalog(name, d, catalog),
+            *_check_checkpoints(spec, name, d), *_check_hardware(spec, name, d),
+            *_check_ngram(name, d), *_check_tp(spec, name, d), *_check_vocab(spec, name, d),
+            *_check_extra_config(name, d)]
+
+
+@dataclass(frozen=True)
+class _Lengths:
+    """The proposal lengths N to sweep for one drafter, and where they were set."""
+
+    values: Sequence[int]
+    path: str
+    source: str
+
+
+def _lengths(spec: Spec, name: str, d: DrafterSpec) -> _Lengths:
+    """The sweep's N values for this drafter, else the drafter's own defaults."""
+    if name in spec.sweep.num_speculative_tokens:
+        return _Lengths(spec.sweep.num_speculative_tokens[name],
+                        f"sweep.num_speculative_tokens.{name}", "conf/sweep/")
+    return _Lengths(d.num_speculative_tokens, f"drafter.{name}.num_speculative_tokens",
+                    f"conf/drafter/{name}.yaml")
+
+
+def _check_n(spec: Spec, name: str, d: DrafterSpec, ns: _Lengths
+             ) -> tuple[list[Problem], list[str]]:
+    """N values against the MTP depth and a parallel drafter's block size: problems, warnings."""
+    target = spec.target
+    if METHODS[d.method].vllm_method is None:
+        return [], []
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    if not ns.values:
+        problems.append(Problem(ns.path, f"no num_speculative_tokens values for drafter '{name}'",
+                                [], "a non-empty list of N >= 1", source=ns.source))
+    depth = _mtp_depth(d, target, d.checkpoints.get(target.name))
+    for i, n in enumerate(ns.values):
+        if depth and n > depth and n % depth:
+            problems.append(Problem(
+                f"{ns.path}[{i}]",
+                f"num_speculative_tokens:{n} must be divisible by n_predict={depth} "
+                f"(the MTP depth of '{target.name}')", n,
+                f"N <= {depth} or a multiple of {depth}", source=ns.source))
+        elif depth and n > depth:
+            warnings.append(f"{name} N={n} reuses the {depth} MTP layer(s) of "
+                            f"'{target.name}' (vLLM warns: lower acceptance expected)")
         if d.drafting == "parallel" and d.depth is not None and n > d.depth:
-            problems.append(Problem(f"{n_path}[{i}]", f"exceeds the block size of drafter '{name}'",
-                                    n, f"N <= {d.depth}", source=n_src))
+            problems.append(Problem(f"{ns.path}[{i}]", f"exceeds the block size of drafter "
+                                    f"'{name}'", n, f"N <= {d.depth}", source=ns.source))
     sched = d.num_speculative_tokens_per_batch_size
-    if sched and ns and max(k for _, _, k in sched) > max(ns):
-        warnings.append(f"{name}: schedule values above N={max(ns)} are clamped by vLLM")
+    if sched and ns.values and max(k for _, _, k in sched) > max(ns.values):
+        warnings.append(f"{name}: schedule values above N={max(ns.values)} are clamped by vLLM")
+    return problems, warnings
 
 
 def _check_schedule(path: str, sched: Sequence[tuple[int, int, int]], src: str) -> list[Problem]:
@@ -274,10 +347,12 @@ def _mtp_depth(d: DrafterSpec, target: TargetSpec, ckpt: Checkpoint | None) -> i
 
 
 def _ngram_bounds(d: DrafterSpec) -> tuple[int, int]:
-    lo, hi = d.prompt_lookup_min, d.prompt_lookup_max
-    if lo is None and hi is None:
+    """prompt_lookup_min/max as vLLM resolves them: one given sets both; neither, the default."""
+    lo = d.prompt_lookup_min if d.prompt_lookup_min is not None else d.prompt_lookup_max
+    hi = d.prompt_lookup_max if d.prompt_lookup_max is not None else d.prompt_lookup_min
+    if lo is None or hi is None:  # neither given
         return NGRAM_DEFAULT_LOOKUP, NGRAM_DEFAULT_LOOKUP
-    return (lo if lo is not None else hi), (hi if hi is not None else lo)  # type: ignore[return-value]
+    return lo, hi
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,95 +412,149 @@ def serve_argv(spec: Spec, spec_cfg: dict[str, Any] | None) -> tuple[str, ...]:
         argv += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
     argv += list(engine.extra_args)
     if spec_cfg is not None:
-        argv += ["--speculative-config", json.dumps(spec_cfg, sort_keys=True, separators=(",", ":"))]
+        argv += ["--speculative-config",
+                 json.dumps(spec_cfg, sort_keys=True, separators=(",", ":"))]
     return tuple(argv)
+
+
+# --------------------------------------------------------------------------------------------
+# The plan: plan-level checks, engine configs per drafter, duplicate and size checks
+
+
+def _check_target(spec: Spec) -> list[Problem]:
+    """The target needs no more ranks than the hardware has devices."""
+    t, devices = spec.target, spec.hardware.device_count
+    if t.tensor_parallel_size <= devices:
+        return []
+    return [Problem("target.tensor_parallel_size", "more ranks than devices",
+                    t.tensor_parallel_size, f"<= hardware.device_count ({devices})",
+                    source=f"conf/target/{t.name}.yaml")]
+
+
+def _target_warnings(t: TargetSpec) -> list[str]:
+    """Legal but worth knowing: an unpinned hub revision, remote code."""
+    out = []
+    if t.hub and not t.revision:
+        out.append(f"target '{t.name}' has no pinned revision: results are recorded against "
+                   "whatever the hub serves")
+    if t.trust_remote_code:
+        out.append(f"target '{t.name}' runs its own code (trust_remote_code: true)")
+    return out
+
+
+def _check_sweep_drafters(spec: Spec, catalog: Catalog) -> list[Problem]:
+    """sweep.num_speculative_tokens keys must name speculative drafters."""
+    out = []
+    for key in spec.sweep.num_speculative_tokens:
+        path = f"sweep.num_speculative_tokens.{key}"
+        if catalog.drafters and key not in catalog.drafters:
+            out.append(Problem(path, "unknown drafter", key, one_of(catalog.drafters),
+                               did_you_mean(key, catalog.drafters)))
+        elif key in spec.drafter and spec.drafter[key].method == "none":
+            out.append(Problem(path, "the baseline has no proposal length", key,
+                               "a speculative drafter"))
+    return out
+
+
+def _check_bands(spec: Spec) -> list[Problem]:
+    """Each concurrency band is [low <= high] and holds a measured level."""
+    levels = sorted(set(spec.sweep.concurrency))
+    out = []
+    for i, (lo, hi) in enumerate(spec.promote.concurrency_bands):
+        if lo > hi:
+            out.append(Problem(f"promote.concurrency_bands[{i}]", "low end above high end",
+                               [lo, hi], "[low <= high]"))
+        elif not any(lo <= c <= hi for c in levels):
+            out.append(Problem(f"promote.concurrency_bands[{i}]",
+                               "no measured concurrency level falls in this band", [lo, hi],
+                               f"a band containing one of sweep.concurrency {levels}"))
+    return out
+
+
+def _check_endpoint(spec: Spec) -> list[Problem]:
+    """An endpoint backend measures one running server: at most one speculative drafter."""
+    speculative = [n for n, d in spec.drafter.items() if d.method != "none"]
+    if spec.backend.kind != "endpoint" or len(speculative) <= 1:
+        return []
+    return [Problem("drafter", "an endpoint serves one engine config; select at most one "
+                    "speculative drafter", speculative, "one drafter")]
+
+
+def _drafters(spec: Spec) -> dict[str, DrafterSpec]:
+    """The selected drafters, led by the baseline when the sweep includes one none selected."""
+    drafters = dict(spec.drafter)
+    if spec.sweep.include_baseline and not any(d.method == "none" for d in drafters.values()):
+        baseline = DrafterSpec(method="none", needs_checkpoint=False, drafting="none",
+                               vendors=[spec.hardware.vendor])
+        return {"none": baseline, **drafters}
+    return drafters
+
+
+def _engine_configs(spec: Spec, name: str, d: DrafterSpec, ns: Sequence[int]
+                    ) -> list[EngineConfig]:
+    """One engine config per distinct N (one for the baseline)."""
+    info = METHODS[d.method]
+    ckpt = d.checkpoints.get(spec.target.name)
+    out = []
+    for n in ([0] if info.vllm_method is None else sorted(set(ns))):
+        sc = speculative_config(info, d, ckpt, n)
+        out.append(EngineConfig(
+            name="baseline" if info.vllm_method is None else f"{name}-n{n}",
+            drafter=name, method=d.method, num_speculative_tokens=n,
+            speculative_config=sc, serve_argv=serve_argv(spec, sc),
+            lookahead_slots=info.lookahead_slots(n),
+            checkpoint=ckpt.model if ckpt else None,
+            checkpoint_revision=ckpt.revision if ckpt else None))
+    return out
+
+
+def _revision_warning(spec: Spec, name: str, d: DrafterSpec) -> str | None:
+    """A hub drafter checkpoint without a pinned revision."""
+    ckpt = d.checkpoints.get(spec.target.name)
+    if ckpt is None or ckpt.revision or not spec.target.hub:
+        return None
+    return f"drafter '{name}' checkpoint {ckpt.model} has no pinned revision"
+
+
+def _check_configs(spec: Spec, configs: Sequence[EngineConfig]) -> list[Problem]:
+    """No two engine configs alike, and no more of them than sweep.max_engine_configs."""
+    out = []
+    seen: dict[str, str] = {}
+    for ec in configs:
+        if ec.hash in seen:
+            out.append(Problem("drafter", f"engine configs '{seen[ec.hash]}' and '{ec.name}' "
+                               "are identical", ec.name, "distinct drafters"))
+        seen[ec.hash] = ec.name
+    limit = spec.sweep.max_engine_configs
+    if len(configs) > limit:
+        out.append(Problem("sweep.max_engine_configs", f"the plan has {len(configs)} engine "
+                           "configs (one engine start each)", limit,
+                           f">= {len(configs)}, or fewer drafters / N values"))
+    return out
 
 
 def compile_plan(spec: Spec, catalog: Catalog = Catalog()) -> SweepPlan:
     """Validate across sections and build the sweep plan; raises SpecError with every problem."""
-    problems: list[Problem] = []
-    warnings: list[str] = []
-    t = spec.target
-
-    if t.tensor_parallel_size > spec.hardware.device_count:
-        problems.append(Problem("target.tensor_parallel_size", "more ranks than devices",
-                                t.tensor_parallel_size,
-                                f"<= hardware.device_count ({spec.hardware.device_count})",
-                                source=f"conf/target/{t.name}.yaml"))
-    if t.hub and not t.revision:
-        warnings.append(f"target '{t.name}' has no pinned revision: results are recorded against "
-                        "whatever the hub serves")
-    if t.trust_remote_code:
-        warnings.append(f"target '{t.name}' runs its own code (trust_remote_code: true)")
-    for key in spec.sweep.num_speculative_tokens:
-        if catalog.drafters and key not in catalog.drafters:
-            problems.append(Problem(f"sweep.num_speculative_tokens.{key}", "unknown drafter", key,
-                                    one_of(catalog.drafters), did_you_mean(key, catalog.drafters)))
-        elif key in spec.drafter and spec.drafter[key].method == "none":
-            problems.append(Problem(f"sweep.num_speculative_tokens.{key}",
-                                    "the baseline has no proposal length", key,
-                                    "a speculative drafter"))
-    levels = sorted(set(spec.sweep.concurrency))
-    for i, (lo, hi) in enumerate(spec.promote.concurrency_bands):
-        if lo > hi:
-            problems.append(Problem(f"promote.concurrency_bands[{i}]", "low end above high end",
-                                    [lo, hi], "[low <= high]"))
-        elif not any(lo <= c <= hi for c in levels):
-            problems.append(Problem(f"promote.concurrency_bands[{i}]",
-                                    "no measured concurrency level falls in this band", [lo, hi],
-                                    f"a band containing one of sweep.concurrency {levels}"))
-    if spec.backend.kind == "endpoint":
-        speculative = [n for n, d in spec.drafter.items() if d.method != "none"]
-        if len(speculative) > 1:
-            problems.append(Problem("drafter", "an endpoint serves one engine config; select at "
-                                    "most one speculative drafter", speculative, "one drafter"))
-
+    problems = [*_check_target(spec), *_check_sweep_drafters(spec, catalog),
+                *_check_bands(spec), *_check_endpoint(spec)]
+    warnings = _target_warnings(spec.target)
     configs: list[EngineConfig] = []
-    drafters = dict(spec.drafter)
-    if spec.sweep.include_baseline and not any(d.method == "none" for d in drafters.values()):
-        drafters = {"none": DrafterSpec(method="none", needs_checkpoint=False, drafting="none",
-                                        vendors=[spec.hardware.vendor]), **drafters}
-    for name, d in drafters.items():
-        n_before = len(problems)
-        _check_drafter(spec, name, d, catalog, problems, warnings)
-        info = METHODS[d.method]
-        if name in spec.sweep.num_speculative_tokens:
-            ns, n_path, n_src = (spec.sweep.num_speculative_tokens[name],
-                                 f"sweep.num_speculative_tokens.{name}", "conf/sweep/")
-        else:
-            ns, n_path, n_src = (d.num_speculative_tokens, f"drafter.{name}.num_speculative_tokens",
-                                 f"conf/drafter/{name}.yaml")
-        _check_n(spec, name, d, ns, n_path, n_src, problems, warnings)
-        if len(problems) > n_before:
+    for name, d in _drafters(spec).items():
+        ns = _lengths(spec, name, d)
+        found = _check_drafter(spec, name, d, catalog)
+        n_problems, n_warnings = _check_n(spec, name, d, ns)
+        problems += [*found, *n_problems]
+        warnings += n_warnings
+        if found or n_problems:
             continue
-        ckpt = d.checkpoints.get(t.name)
-        for n in ([0] if info.vllm_method is None else sorted(set(ns))):
-            sc = speculative_config(info, d, ckpt, n)
-            configs.append(EngineConfig(
-                name="baseline" if info.vllm_method is None else f"{name}-n{n}",
-                drafter=name, method=d.method, num_speculative_tokens=n,
-                speculative_config=sc, serve_argv=serve_argv(spec, sc),
-                lookahead_slots=info.lookahead_slots(n),
-                checkpoint=ckpt.model if ckpt else None,
-                checkpoint_revision=ckpt.revision if ckpt else None))
-            if ckpt is not None and not ckpt.revision and t.hub:
-                msg = f"drafter '{name}' checkpoint {ckpt.model} has no pinned revision"
-                if msg not in warnings:
-                    warnings.append(msg)
-
-    seen: dict[str, str] = {}
-    for ec in configs:
-        if ec.hash in seen:
-            problems.append(Problem("drafter", f"engine configs '{seen[ec.hash]}' and '{ec.name}' "
-                                    "are identical", ec.name, "distinct drafters"))
-        seen[ec.hash] = ec.name
-    if len(configs) > spec.sweep.max_engine_configs:
-        problems.append(Problem("sweep.max_engine_configs", f"the plan has {len(configs)} engine "
-                                "configs (one engine start each)", spec.sweep.max_engine_configs,
-                                f">= {len(configs)}, or fewer drafters / N values"))
+        configs += _engine_configs(spec, name, d, ns.values)
+        revision = _revision_warning(spec, name, d)
+        if revision is not None and revision not in warnings:
+            warnings.append(revision)
+    problems += _check_configs(spec, configs)
     if problems:
         raise SpecError(problems)
     return SweepPlan(
-        target=t.name, hardware=spec.hardware.name, engine_configs=tuple(configs),
+        target=spec.target.name, hardware=spec.hardware.name, engine_configs=tuple(configs),
         workloads=tuple(spec.workload), concurrency=tuple(sorted(set(spec.sweep.concurrency))),
         repeats=spec.sweep.repeats, warnings=tuple(warnings))

@@ -1,6 +1,7 @@
 """User-facing configuration problems: one line each, all collected, rendered the same way.
 
-Format: `<dotted.path>: <problem>; got <value>; expected <allowed>[; did you mean '<x>'?] [<source>]`.
+Format:
+`<dotted.path>: <problem>; got <value>; expected <allowed>[; did you mean '<x>'?] [<source>]`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,24 @@ class Problem:
             parts.append(f"did you mean {self.suggestion!r}?")
         line = "; ".join(parts)
         return f"{line} [{self.source}]" if self.source else line
+
+
+class Raw(str):
+    """A value already rendered as text (shown as it is, without quotes)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class ProblemError(ValueError):
+    """A schema validator's problem as data; `problem.path` is relative to the model validated.
+
+    pydantic keeps the exception in the error's ctx["error"], so the config layer reads the
+    problem from there instead of parsing the message (which is the rendered problem)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        super().__init__(problem.render())
 
 
 class SpecError(Exception):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,7 @@ from specflow.core.methods import METHODS
 from specflow.core.schema import (
     Architecture,
     FullAttention,
+    LayerGroup,
     LinearAttention,
     MultiLatentAttention,
     SlidingWindow,
@@ -190,14 +190,16 @@ def kv_capacity(layers: Sequence[CacheLayer], kv_cache_bytes: int, max_model_len
                 block_size: int, in_flight_tokens: int, length: int | None = None) -> KvCapacity:
     """Blocks, token capacity and max concurrency for a KV budget (vLLM's arithmetic)."""
     if not layers:
-        return KvCapacity(block_size, 0, 0, 0, math.inf, 0)
+        return KvCapacity(block_size=block_size, num_blocks=0, bytes_per_block=0, tokens=0,
+                          max_concurrency=math.inf, blocks_per_request=0)
     bytes_per_block, groups = _groups(layers, block_size)
     num_blocks = max(0, kv_cache_bytes) // bytes_per_block
     per_request = sum(_blocks(s, length or max_model_len, max_model_len, in_flight_tokens)
                       for s, _ in groups)
     concurrency = num_blocks / per_request if per_request else math.inf
-    return KvCapacity(block_size, num_blocks, bytes_per_block,
-                      int(concurrency * max_model_len), concurrency, per_request)
+    return KvCapacity(block_size=block_size, num_blocks=num_blocks,
+                      bytes_per_block=bytes_per_block, tokens=int(concurrency * max_model_len),
+                      max_concurrency=concurrency, blocks_per_request=per_request)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,51 +210,60 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg.get("text_config") or cfg
 
 
+def _typed_layer(t: dict[str, Any], kind: str, count: int, kv: int, head_dim: int
+                 ) -> LayerGroup:
+    """One group of a `layer_types` list (Gemma sliding/global, Qwen3.5 linear/full)."""
+    if kind in ("sliding_attention", "sliding_window"):
+        return SlidingWindow(count=count, num_kv_heads=kv, head_dim=head_dim,
+                             window=int(t["sliding_window"]))
+    if kind == "full_attention":
+        return FullAttention(count=count,
+                             num_kv_heads=int(t.get("num_global_key_value_heads") or kv),
+                             head_dim=int(t.get("global_head_dim") or head_dim))
+    if kind == "linear_attention":
+        return LinearAttention(
+            count=count, num_key_heads=int(t["linear_num_key_heads"]),
+            num_value_heads=int(t["linear_num_value_heads"]),
+            key_head_dim=int(t["linear_key_head_dim"]),
+            value_head_dim=int(t["linear_value_head_dim"]),
+            conv_kernel=int(t.get("linear_conv_kernel_dim", 4)))
+    raise ValueError(f"layer_types: unknown layer type {kind!r}")
+
+
+def _layer_groups(t: dict[str, Any]) -> list[LayerGroup]:
+    """Attention layers of a text config, grouped by kind: MLA, typed layers, sliding or full."""
+    layers_n = int(t["num_hidden_layers"])
+    heads = int(t["num_attention_heads"])
+    kv = int(t.get("num_key_value_heads") or heads)
+    head_dim = int(t.get("head_dim") or int(t["hidden_size"]) // heads)
+    types = t.get("layer_types") or []
+    if "kv_lora_rank" in t and t.get("kv_lora_rank"):
+        return [MultiLatentAttention(count=layers_n, kv_lora_rank=int(t["kv_lora_rank"]),
+                                     qk_rope_head_dim=int(t.get("qk_rope_head_dim", 0)))]
+    if types:
+        return [_typed_layer(t, kind, types.count(kind), kv, head_dim)
+                for kind in dict.fromkeys(types)]
+    if t.get("sliding_window") and t.get("use_sliding_window", True) and \
+            t.get("model_type") not in ("qwen3", "qwen2", "llama"):
+        return [SlidingWindow(count=layers_n, num_kv_heads=kv, head_dim=head_dim,
+                              window=int(t["sliding_window"]))]
+    return [FullAttention(count=layers_n, num_kv_heads=kv, head_dim=head_dim)]
+
+
 def arch_from_config(cfg: dict[str, Any], num_params: float | None = None) -> Architecture:
     """Architecture facts from a Hugging Face config.json (text models, hybrids, MLA)."""
     t = _text_config(cfg)
     layers_n = int(t["num_hidden_layers"])
     heads = int(t["num_attention_heads"])
     hidden = int(t["hidden_size"])
-    kv = int(t.get("num_key_value_heads") or heads)
-    head_dim = int(t.get("head_dim") or hidden // heads)
-    groups: list[Any] = []
-    types = t.get("layer_types") or []
-    if "kv_lora_rank" in t and t.get("kv_lora_rank"):
-        groups.append(MultiLatentAttention(count=layers_n, kv_lora_rank=int(t["kv_lora_rank"]),
-                                           qk_rope_head_dim=int(t.get("qk_rope_head_dim", 0))))
-    elif types:
-        counts = {k: types.count(k) for k in dict.fromkeys(types)}
-        for kind, n in counts.items():
-            if kind in ("sliding_attention", "sliding_window"):
-                groups.append(SlidingWindow(count=n, num_kv_heads=kv, head_dim=head_dim,
-                                            window=int(t["sliding_window"])))
-            elif kind == "full_attention":
-                groups.append(FullAttention(
-                    count=n, num_kv_heads=int(t.get("num_global_key_value_heads") or kv),
-                    head_dim=int(t.get("global_head_dim") or head_dim)))
-            elif kind == "linear_attention":
-                groups.append(LinearAttention(
-                    count=n, num_key_heads=int(t["linear_num_key_heads"]),
-                    num_value_heads=int(t["linear_num_value_heads"]),
-                    key_head_dim=int(t["linear_key_head_dim"]),
-                    value_head_dim=int(t["linear_value_head_dim"]),
-                    conv_kernel=int(t.get("linear_conv_kernel_dim", 4))))
-            else:
-                raise ValueError(f"layer_types: unknown layer type {kind!r}")
-    elif t.get("sliding_window") and t.get("use_sliding_window", True) and \
-            t.get("model_type") not in ("qwen3", "qwen2", "llama"):
-        groups.append(SlidingWindow(count=layers_n, num_kv_heads=kv, head_dim=head_dim,
-                                    window=int(t["sliding_window"])))
-    else:
-        groups.append(FullAttention(count=layers_n, num_kv_heads=kv, head_dim=head_dim))
+    groups = _layer_groups(t)
     # A Gemma 4 assistant's layers all read the target's KV (its text_config is gemma4_text)
     assistant = cfg.get("model_type") in KV_SHARED_MODEL_TYPES or \
         t.get("model_type") in KV_SHARED_MODEL_TYPES
     if assistant:
         groups = []
     mtp = int(t.get("num_nextn_predict_layers") or t.get("mtp_num_hidden_layers") or 0)
-    vocab = int(t.get("vocab_size") or cfg.get("vocab_size"))
+    vocab = int(t.get("vocab_size") or cfg["vocab_size"])
     params = num_params or estimate_params(hidden, layers_n, vocab, t)
     return Architecture(hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab,
                         num_params=params, layers=groups, mtp_depth=mtp, kv_shared=assistant)
@@ -385,7 +396,7 @@ def draft_arch(spec: Spec, ec: EngineConfig) -> Architecture | None:
     """The drafter's architecture: conf entry, else its local directory, else None."""
     if ec.method == "none" or METHODS[ec.method].drafting == "lookup":
         return None
-    d = spec.drafter[ec.drafter] if ec.drafter in spec.drafter else None
+    d = spec.drafter.get(ec.drafter)
     ckpt = d.checkpoints.get(spec.target.name) if d else None
     if ckpt is None:
         return None
@@ -396,183 +407,347 @@ def draft_arch(spec: Spec, ec: EngineConfig) -> Architecture | None:
 
 
 def target_arch(spec: Spec) -> Architecture:
-    """The conf entry's facts (a local directory's config.json only when the conf has none)."""
+    """The target's architecture facts as its conf entry states them (`target.arch`).
+
+    Nothing is read from disk: `tests/test_memory.py` checks the conf entries against the
+    checkpoints' config.json."""
     return spec.target.arch
+
+
+# --------------------------------------------------------------------------------------------
+# Headroom, step by step: draft share -> reserve -> per-rank memory -> KV capacity -> verdict
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """What the drafter adds on one rank; `note` says why it could not be counted."""
+
+    weight_bytes: int = 0
+    layers: tuple[CacheLayer, ...] = ()
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class _Reserve:
+    """Memory vLLM holds besides weights and KV cache on one rank (see ASSUMPTIONS)."""
+
+    activations: int
+    graphs: int
+    non_torch: int
+
+    @property
+    def total(self) -> int:
+        return self.activations + self.graphs + self.non_torch
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """One rank's memory: the device, what vLLM may use, what weights and reserve take."""
+
+    arch: Architecture
+    kv_dtype_bytes: int
+    total: int
+    budget: int
+    """total x gpu_memory_utilization."""
+    fixed_kv: int | None
+    """--kv-cache-memory-bytes, when set (then the KV cache does not depend on the budget)."""
+    target_weights: int
+    target_layers: tuple[CacheLayer, ...]
+    draft: _Draft
+    reserve: _Reserve
+
+    @property
+    def paid(self) -> int:
+        """Weights (target and drafter) plus reserve."""
+        return self.target_weights + self.draft.weight_bytes + self.reserve.total
+
+    @property
+    def kv_with(self) -> int:
+        """KV cache bytes with the drafter loaded (negative when nothing is left)."""
+        return self.fixed_kv if self.fixed_kv is not None else self.budget - self.paid
+
+    @property
+    def kv_without(self) -> int:
+        """KV cache bytes the target alone would get."""
+        if self.fixed_kv is not None:
+            return self.fixed_kv
+        return self.budget - self.target_weights - self.reserve.total
+
+    @property
+    def fixed_kv_overflows(self) -> bool:
+        return self.fixed_kv is not None and self.paid + self.fixed_kv > self.total
+
+
+@dataclass(frozen=True)
+class _Capacity:
+    """KV capacity with and without the drafter, at max_model_len and at the workloads' context."""
+
+    block_size: int
+    with_drafter: KvCapacity
+    without_drafter: KvCapacity
+    context: int
+    """Longest workload request (input_len + max_tokens), capped at max_model_len."""
+    slots: int
+    """Lookahead slots each running request reserves."""
+    need_len: int
+    """context + slots, capped at max_model_len."""
+    concurrency: int
+    """Whole requests of need_len tokens the cache holds."""
+    concurrency_without_drafter: int
+    """Whole requests of context tokens the target's cache alone holds."""
+
+
+def _batch_limits(spec: Spec) -> tuple[int, int]:
+    """max_num_batched_tokens and max_num_seqs, with vLLM's defaults where unset."""
+    cpu = spec.hardware.vendor == "cpu"
+    engine = spec.backend.engine
+    return (engine.max_num_batched_tokens or (2048 if cpu else 8192),
+            engine.max_num_seqs or (256 if cpu else 1024))
+
+
+def _native_mtp_layers(arch: Architecture, tp: int, kv_bytes: int, dtype_bytes: int
+                       ) -> list[CacheLayer]:
+    """KV of a target's own MTP layers: `mtp_depth` layers like its full-attention (or MLA) ones."""
+    full = next((g for g in arch.layers if isinstance(g, (FullAttention, MultiLatentAttention))),
+                None)
+    if full is None:
+        return []
+    mtp_arch = arch.model_copy(update={"layers": [full.model_copy(
+        update={"count": arch.mtp_depth})]})
+    return cache_layers(mtp_arch, tp, kv_bytes, dtype_bytes, "draft")
+
+
+def _draft(spec: Spec, ec: EngineConfig, arch: Architecture, kv_bytes: int, dtype_bytes: int
+           ) -> _Draft:
+    """The drafter's weights and KV per rank: native MTP layers, a checkpoint's, or none."""
+    tp = spec.target.tensor_parallel_size
+    d_arch = draft_arch(spec, ec)
+    if ec.method == "mtp" and d_arch is None:
+        return _Draft(layers=tuple(_native_mtp_layers(arch, tp, kv_bytes, dtype_bytes)))
+    if d_arch is not None:
+        dtp = spec.drafter[ec.drafter].draft_tensor_parallel_size or tp
+        return _Draft(
+            weight_bytes=weight_bytes(d_arch.num_params, d_arch, spec.target.dtype, None) // dtp,
+            layers=tuple(cache_layers(d_arch, dtp, kv_bytes, dtype_bytes, "draft")))
+    info = METHODS[ec.method]
+    if info.needs_checkpoint and not info.model_optional:
+        return _Draft(note=f"drafter '{ec.drafter}' has no architecture facts: its weights and "
+                      "KV are not counted")
+    return _Draft()
+
+
+def _reserve(spec: Spec, arch: Architecture, dtype_bytes: int) -> _Reserve:
+    """Profiling-pass activations and sampler logits, CUDA graphs, non-torch memory."""
+    cpu = spec.hardware.vendor == "cpu"
+    max_batched, max_seqs = _batch_limits(spec)
+    return _Reserve(
+        activations=max_batched * arch.hidden_size * dtype_bytes * 16
+        + max_seqs * arch.vocab_size * 4,
+        graphs=0 if (spec.backend.engine.enforce_eager or cpu) else GIB,
+        non_torch=0 if cpu else int(0.75 * GIB))
+
+
+def _memory(spec: Spec, ec: EngineConfig, device_total_bytes: int | None) -> _Memory:
+    """Device memory, budget, weights and reserve of one rank of this engine config."""
+    t, engine = spec.target, spec.backend.engine
+    arch = target_arch(spec)
+    dtype_bytes = DTYPE_BYTES[t.dtype]
+    kvb = dtype_bytes if t.kv_cache_dtype == "auto" else KV_DTYPE_BYTES[t.kv_cache_dtype]
+    total = device_total_bytes or int(spec.hardware.memory_gib_per_device * GIB)
+    tp = t.tensor_parallel_size
+    return _Memory(
+        arch=arch, kv_dtype_bytes=kvb, total=total,
+        budget=int(total * engine.gpu_memory_utilization),
+        fixed_kv=engine.kv_cache_memory_bytes,
+        target_weights=weight_bytes(arch.num_params, arch, t.dtype, t.quantization) // tp,
+        target_layers=tuple(cache_layers(arch, tp, kvb, dtype_bytes, "target")),
+        draft=_draft(spec, ec, arch, kvb, dtype_bytes),
+        reserve=_reserve(spec, arch, dtype_bytes))
+
+
+def _requests_at(spec: Spec, layers: Sequence[CacheLayer], kv_bytes: int, block_size: int,
+                 length: int) -> int:
+    """Whole requests of `length` tokens that `kv_bytes` of KV cache hold."""
+    in_flight, _ = _batch_limits(spec)
+    k = kv_capacity(layers, kv_bytes, spec.target.max_model_len, block_size, in_flight,
+                    length=length)
+    return k.num_blocks // k.blocks_per_request if k.blocks_per_request else 0
+
+
+def _capacity(spec: Spec, ec: EngineConfig, mem: _Memory) -> _Capacity:
+    """vLLM's KV capacity with and without the drafter, and the requests it holds at context."""
+    L = spec.target.max_model_len
+    in_flight, _ = _batch_limits(spec)
+    layers = (*mem.target_layers, *mem.draft.layers)
+    block = default_block_size(spec.hardware.vendor, mem.target_layers)
+    context = min(max((w.input_len + w.max_tokens for w in spec.workload.values()), default=L), L)
+    slots = ec.lookahead_slots
+    need_len = min(context + slots, L) if slots else context
+    return _Capacity(
+        block_size=block,
+        with_drafter=kv_capacity(layers, mem.kv_with, L, block, in_flight),
+        without_drafter=kv_capacity(mem.target_layers, mem.kv_without, L, block, in_flight),
+        context=context, slots=slots, need_len=need_len,
+        concurrency=_requests_at(spec, layers, mem.kv_with, block, need_len),
+        concurrency_without_drafter=_requests_at(spec, mem.target_layers, mem.kv_without, block,
+                                                 context))
+
+
+def _memory_notes(mem: _Memory, device_free_bytes: int | None) -> list[str]:
+    """What is worth knowing whatever the verdict: uncounted drafter, overflow, a busy device."""
+    notes = [mem.draft.note] if mem.draft.note else []
+    if mem.fixed_kv is not None and mem.fixed_kv_overflows:
+        notes.append(f"weights + reserve + the fixed KV cache ({_gib(mem.paid + mem.fixed_kv)}) "
+                     f"exceed device memory ({_gib(mem.total)})")
+    if device_free_bytes is not None and device_free_bytes < mem.budget:
+        notes.append(f"only {_gib(device_free_bytes)} free of {_gib(mem.total)}: other processes "
+                     f"hold memory the engine expects ({_gib(mem.budget)})")
+    return notes
+
+
+def _load_warnings(spec: Spec, cap: _Capacity) -> list[str]:
+    """Why the sweep's highest concurrency is tight: too few requests fit, or too little margin."""
+    top = max(spec.sweep.concurrency)
+    if cap.concurrency < top:
+        return [f"holds {cap.concurrency} requests of {cap.need_len:,} tokens, below the sweep's "
+                f"highest concurrency {top}"]
+    tokens = cap.with_drafter.tokens
+    margin = (tokens - top * cap.need_len) / tokens if tokens else 0.0
+    if margin < spec.headroom.warn_margin:
+        return [f"KV margin at concurrency {top} is {margin:.0%}, under "
+                f"headroom.warn_margin={spec.headroom.warn_margin:.0%}"]
+    return []
+
+
+def _verdict(spec: Spec, mem: _Memory, cap: _Capacity, notes: Sequence[str], busy: bool
+             ) -> tuple[Verdict, list[str]]:
+    """fits, warn or refuse, with every reason (a refusal's own cause first)."""
+    L = spec.target.max_model_len
+    kv = cap.with_drafter
+    if mem.kv_with <= 0:
+        return "refuse", [f"weights and reserve ({_gib(mem.paid)}) leave no KV cache within "
+                          f"{_gib(mem.budget)} per device", *notes]
+    if kv.num_blocks < kv.blocks_per_request or kv.tokens < L:
+        return "refuse", [f"the KV cache holds {kv.tokens:,} tokens, less than one request at "
+                          f"max_model_len={L:,}", *notes]
+    if mem.fixed_kv_overflows:
+        return "refuse", list(notes)
+    warnings = _load_warnings(spec, cap)
+    return ("warn" if warnings or busy else "fits"), [*notes, *warnings]
 
 
 def headroom(spec: Spec, ec: EngineConfig, *, device_total_bytes: int | None = None,
              device_free_bytes: int | None = None) -> Headroom:
     """Memory breakdown and verdict for one engine config on spec.hardware."""
-    t, hw, engine = spec.target, spec.hardware, spec.backend.engine
-    tp = t.tensor_parallel_size
-    dtype_bytes = DTYPE_BYTES[t.dtype]
-    kvb = dtype_bytes if t.kv_cache_dtype == "auto" else KV_DTYPE_BYTES[t.kv_cache_dtype]
-    info = METHODS[ec.method]
-    arch = target_arch(spec)
+    mem = _memory(spec, ec, device_total_bytes)
+    cap = _capacity(spec, ec, mem)
+    busy = device_free_bytes is not None and device_free_bytes < mem.budget
+    verdict, reasons = _verdict(spec, mem, cap, _memory_notes(mem, device_free_bytes), busy)
+    fixes = _fixes(spec, ec, mem, cap.with_drafter) if verdict != "fits" else []
+    rows = (*_memory_rows(spec, ec, mem, probed=bool(device_total_bytes)),
+            *_kv_rows(spec, mem, cap))
+    return Headroom(
+        engine=ec.name, verdict=verdict, reasons=tuple(reasons), fixes=tuple(fixes), rows=rows,
+        memory_per_device_bytes=mem.total, target_weight_bytes=mem.target_weights,
+        draft_weight_bytes=mem.draft.weight_bytes, reserve_bytes=mem.reserve.total,
+        kv_cache_bytes=mem.kv_with,
+        kv_bytes_per_token_target=kv_bytes_per_token(mem.target_layers),
+        kv_bytes_per_token_draft=kv_bytes_per_token(mem.draft.layers),
+        capacity=cap.with_drafter, capacity_without_drafter=cap.without_drafter,
+        concurrency_at_context=cap.concurrency,
+        concurrency_at_context_without_drafter=cap.concurrency_without_drafter,
+        context_len=cap.context, lookahead_slots=cap.slots)
 
-    total = device_total_bytes or int(hw.memory_gib_per_device * GIB)
-    target_w = weight_bytes(arch.num_params, arch, t.dtype, t.quantization) // tp
-    target_layers = cache_layers(arch, tp, kvb, dtype_bytes, "target")
 
-    reasons: list[str] = []
-    d_arch = draft_arch(spec, ec)
-    draft_layers: list[CacheLayer] = []
-    draft_w = 0
-    if ec.method == "mtp" and d_arch is None:  # native MTP: the target's own layers
-        full = next((g for g in arch.layers if isinstance(g, (FullAttention,
-                                                              MultiLatentAttention))), None)
-        if full is not None:
-            mtp_arch = arch.model_copy(update={"layers": [full.model_copy(
-                update={"count": arch.mtp_depth})]})
-            draft_layers = cache_layers(mtp_arch, tp, kvb, dtype_bytes, "draft")
-    elif d_arch is not None:
-        d = spec.drafter[ec.drafter]
-        dtp = d.draft_tensor_parallel_size or tp
-        draft_w = weight_bytes(d_arch.num_params, d_arch, t.dtype, None) // dtp
-        draft_layers = cache_layers(d_arch, dtp, kvb, dtype_bytes, "draft")
-    elif info.needs_checkpoint and not info.model_optional:
-        reasons.append(f"drafter '{ec.drafter}' has no architecture facts: its weights and KV "
-                       "are not counted")
+# --------------------------------------------------------------------------------------------
+# The breakdown table and the fixes
 
-    cpu = hw.vendor == "cpu"
-    max_batched = engine.max_num_batched_tokens or (2048 if cpu else 8192)
-    max_seqs = engine.max_num_seqs or (256 if cpu else 1024)
-    activations = max_batched * arch.hidden_size * dtype_bytes * 16 + max_seqs * arch.vocab_size * 4
-    graphs = 0 if (engine.enforce_eager or cpu) else GIB
-    non_torch = 0 if cpu else int(0.75 * GIB)
-    reserve = activations + graphs + non_torch
 
-    budget = int(total * engine.gpu_memory_utilization)
-    explicit = engine.kv_cache_memory_bytes
-    if explicit is not None:
-        kv_with, kv_without = explicit, explicit
-        needed = target_w + draft_w + reserve + explicit
-        if needed > total:
-            reasons.append(f"weights + reserve + the fixed KV cache ({_gib(needed)}) exceed "
-                           f"device memory ({_gib(total)})")
+def _memory_rows(spec: Spec, ec: EngineConfig, mem: _Memory, probed: bool) -> list[Row]:
+    """Device memory, budget, weights, reserve and KV cache of one rank."""
+    t, engine = spec.target, spec.backend.engine
+    r = mem.reserve
+    if mem.fixed_kv is None:
+        usable = Row("usable (gpu_memory_utilization)", _gib(mem.budget),
+                     f"x {engine.gpu_memory_utilization:g}")
     else:
-        kv_with = budget - target_w - draft_w - reserve
-        kv_without = budget - target_w - reserve
-
-    block = default_block_size(hw.vendor, target_layers)
-    in_flight = max_batched
-    L = t.max_model_len
-    cap = kv_capacity(target_layers + draft_layers, kv_with, L, block, in_flight)
-    cap0 = kv_capacity(target_layers, kv_without, L, block, in_flight)
-
-    workloads = list(spec.workload.values())
-    context = max((w.input_len + w.max_tokens for w in workloads), default=L)
-    context = min(context, L)
-    slots = ec.lookahead_slots
-    need_len = min(context + slots, L) if slots else context
-
-    def at_context(c: KvCapacity, layers: Sequence[CacheLayer], with_slots: bool) -> int:
-        if c.num_blocks == 0:
-            return 0
-        k = kv_capacity(layers, (kv_with if with_slots else kv_without), L, block, in_flight,
-                        length=need_len if with_slots else context)
-        return int(k.num_blocks // k.blocks_per_request) if k.blocks_per_request else 0
-
-    conc = at_context(cap, target_layers + draft_layers, True)
-    conc0 = at_context(cap0, target_layers, False)
-    if device_free_bytes is not None and device_free_bytes < budget:
-        reasons.append(f"only {_gib(device_free_bytes)} free of {_gib(total)}: other processes "
-                       f"hold memory the engine expects ({_gib(budget)})")
-
-    verdict: Verdict = "fits"
-    if kv_with <= 0 or cap.num_blocks < cap.blocks_per_request or cap.tokens < L:
-        verdict = "refuse"
-        if kv_with <= 0:
-            reasons.insert(0, f"weights and reserve ({_gib(target_w + draft_w + reserve)}) leave "
-                           f"no KV cache within {_gib(budget)} per device")
-        else:
-            reasons.insert(0, f"the KV cache holds {cap.tokens:,} tokens, less than one request "
-                           f"at max_model_len={L:,}")
-    elif explicit is not None and target_w + draft_w + reserve + explicit > total:
-        verdict = "refuse"
-    else:
-        top = max(spec.sweep.concurrency)
-        if conc < top:
-            verdict = "warn"
-            reasons.append(f"holds {conc} requests of {need_len:,} tokens, below the sweep's "
-                           f"highest concurrency {top}")
-        margin = (cap.tokens - top * need_len) / cap.tokens if cap.tokens else 0.0
-        if verdict == "fits" and margin < spec.headroom.warn_margin:
-            verdict = "warn"
-            reasons.append(f"KV margin at concurrency {top} is {margin:.0%}, under "
-                           f"headroom.warn_margin={spec.headroom.warn_margin:.0%}")
-        if device_free_bytes is not None and device_free_bytes < budget and verdict == "fits":
-            verdict = "warn"
-
-    fixes = _fixes(spec, ec, verdict, arch, target_w, draft_w, reserve, budget, cap,
-                   target_layers, draft_layers) if verdict != "fits" else []
-
-    rows = [
-        Row("device memory", _gib(total), "probed" if device_total_bytes else f"conf/hardware/"
-            f"{hw.name}.yaml"),
-        Row("usable (gpu_memory_utilization)" if explicit is None else "KV cache (fixed)",
-            _gib(budget if explicit is None else explicit),
-            f"x {engine.gpu_memory_utilization:g}" if explicit is None
-            else "--kv-cache-memory-bytes"),
-        Row("target weights / rank", _gib(target_w),
-            f"{arch.num_params / 1e9:,.2f}B params, {t.quantization or t.dtype}, TP={tp}"),
-        Row("draft weights / rank", _gib(draft_w), ec.checkpoint or
+        usable = Row("KV cache (fixed)", _gib(mem.fixed_kv), "--kv-cache-memory-bytes")
+    return [
+        Row("device memory", _gib(mem.total),
+            "probed" if probed else f"conf/hardware/{spec.hardware.name}.yaml"),
+        usable,
+        Row("target weights / rank", _gib(mem.target_weights),
+            f"{mem.arch.num_params / 1e9:,.2f}B params, {t.quantization or t.dtype}, "
+            f"TP={t.tensor_parallel_size}"),
+        Row("draft weights / rank", _gib(mem.draft.weight_bytes), ec.checkpoint or
             ("target's MTP layers" if ec.method == "mtp" else "none")),
-        Row("runtime reserve", _gib(reserve), f"activations {_gib(activations)}, CUDA graphs "
-            f"{_gib(graphs)}, non-torch {_gib(non_torch)}"),
-        Row("KV cache / rank", _gib(max(0, kv_with)), f"without drafter {_gib(max(0, kv_without))}"),
-        Row("KV bytes / token (target)", f"{kv_bytes_per_token(target_layers):,}",
-            f"{len(target_layers)} layers, kv dtype {kvb} B"),
-        Row("KV bytes / token (drafter)", f"{kv_bytes_per_token(draft_layers):,}",
-            f"{len(draft_layers)} layers"),
-        Row("linear-attention state / sequence",
-            _gib(sum(lyr.state_bytes for lyr in target_layers + draft_layers)), "")
-        if any(lyr.kind == "linear" for lyr in target_layers) else None,
-        Row("KV blocks", f"{cap.num_blocks:,}", f"block_size {block}, {cap.bytes_per_block:,} "
-            "B/block"),
-        Row("KV token capacity", f"{cap.tokens:,}", f"without drafter {cap0.tokens:,}"),
-        Row("KV capacity lost to the drafter", f"{cap0.tokens - cap.tokens:,} tokens",
-            f"{(100.0 * (cap0.tokens - cap.tokens) / cap0.tokens) if cap0.tokens else 0:.1f}%"),
-        Row(f"max concurrency at max_model_len={L:,}", f"{cap.max_concurrency:.2f}",
-            f"without drafter {cap0.max_concurrency:.2f}"),
-        Row(f"max concurrency at context {need_len:,}", str(conc),
-            f"without drafter {conc0} (context {context:,}; lookahead {slots} slots/request)"),
+        Row("runtime reserve", _gib(r.total), f"activations {_gib(r.activations)}, CUDA graphs "
+            f"{_gib(r.graphs)}, non-torch {_gib(r.non_torch)}"),
+        Row("KV cache / rank", _gib(max(0, mem.kv_with)),
+            f"without drafter {_gib(max(0, mem.kv_without))}"),
     ]
-    return Headroom(ec.name, verdict, tuple(reasons), tuple(fixes),
-                    tuple(r for r in rows if r is not None), total, target_w, draft_w, reserve,
-                    kv_with, kv_bytes_per_token(target_layers), kv_bytes_per_token(draft_layers),
-                    cap, cap0, conc, conc0, context, slots)
 
 
-def _fixes(spec: Spec, ec: EngineConfig, verdict: Verdict, arch: Architecture, target_w: int,
-           draft_w: int, reserve: int, budget: int, cap: KvCapacity,
-           target_layers: list[CacheLayer], draft_layers: list[CacheLayer]) -> list[str]:
-    t, hw = spec.target, spec.hardware
-    out: list[str] = []
-    tp = t.tensor_parallel_size
+def _kv_rows(spec: Spec, mem: _Memory, cap: _Capacity) -> list[Row]:
+    """KV bytes per token, blocks, token capacity and concurrency, with and without the drafter."""
+    L = spec.target.max_model_len
+    target, draft = mem.target_layers, mem.draft.layers
+    kv, kv0 = cap.with_drafter, cap.without_drafter
+    lost = kv0.tokens - kv.tokens
+    rows = [
+        Row("KV bytes / token (target)", f"{kv_bytes_per_token(target):,}",
+            f"{len(target)} layers, kv dtype {mem.kv_dtype_bytes} B"),
+        Row("KV bytes / token (drafter)", f"{kv_bytes_per_token(draft):,}", f"{len(draft)} layers"),
+    ]
+    if any(lyr.kind == "linear" for lyr in target):
+        rows.append(Row("linear-attention state / sequence",
+                        _gib(sum(lyr.state_bytes for lyr in (*target, *draft))), ""))
+    return rows + [
+        Row("KV blocks", f"{kv.num_blocks:,}", f"block_size {cap.block_size}, "
+            f"{kv.bytes_per_block:,} B/block"),
+        Row("KV token capacity", f"{kv.tokens:,}", f"without drafter {kv0.tokens:,}"),
+        Row("KV capacity lost to the drafter", f"{lost:,} tokens",
+            f"{(100.0 * lost / kv0.tokens) if kv0.tokens else 0:.1f}%"),
+        Row(f"max concurrency at max_model_len={L:,}", f"{kv.max_concurrency:.2f}",
+            f"without drafter {kv0.max_concurrency:.2f}"),
+        Row(f"max concurrency at context {cap.need_len:,}", str(cap.concurrency),
+            f"without drafter {cap.concurrency_without_drafter} (context {cap.context:,}; "
+            f"lookahead {cap.slots} slots/request)"),
+    ]
+
+
+def _tp_fix(spec: Spec, mem: _Memory) -> list[str]:
+    """The smallest larger TP degree (up to 8) whose weights leave a fifth of the budget."""
+    tp, devices = spec.target.tensor_parallel_size, spec.hardware.device_count
     for more in (2, 4, 8):
         new_tp = tp * more
         if new_tp > 8:
             break
-        need = (target_w * tp) // new_tp + draft_w + reserve
-        if need < budget * 0.8:
-            where = "" if new_tp <= hw.device_count else f" (needs {new_tp} devices; " \
-                    f"hardware.device_count={hw.device_count})"
-            out.append(f"more tensor parallelism: target.tensor_parallel_size={new_tp}{where}")
-            break
-    if t.quantization is None and target_w > budget * 0.5:
+        need = (mem.target_weights * tp) // new_tp + mem.draft.weight_bytes + mem.reserve.total
+        if need < mem.budget * 0.8:
+            where = "" if new_tp <= devices else \
+                f" (needs {new_tp} devices; hardware.device_count={devices})"
+            return [f"more tensor parallelism: target.tensor_parallel_size={new_tp}{where}"]
+    return []
+
+
+def _fixes(spec: Spec, ec: EngineConfig, mem: _Memory, kv: KvCapacity) -> list[str]:
+    """Changes that would make a config that does not fit (or barely fits) fit."""
+    t = spec.target
+    out = _tp_fix(spec, mem)
+    if t.quantization is None and mem.target_weights > mem.budget * 0.5:
         out.append("a quantized checkpoint (fp8 halves the weights)")
-    if draft_layers and ec.num_speculative_tokens > 1:
+    draft = mem.draft
+    if draft.layers and ec.num_speculative_tokens > 1:
         out.append(f"a smaller N than {ec.num_speculative_tokens} (fewer lookahead slots)")
-    if draft_layers or draft_w:
+    if draft.layers or draft.weight_bytes:
         out.append("a method without weights or KV of its own (ngram, suffix)")
-    if verdict == "warn" or cap.num_blocks > 0:
-        per_token = kv_bytes_per_token(target_layers + draft_layers)
-        if per_token and cap.num_blocks:
-            fit = cap.num_blocks * cap.block_size // max(1, max(spec.sweep.concurrency))
-            if fit < t.max_model_len:
-                out.append(f"a lower max_model_len: target.max_model_len={max(16, fit // 16 * 16)}"
-                           f" holds {max(spec.sweep.concurrency)} concurrent requests")
-    if t.kv_cache_dtype == "auto" and hw.vendor != "cpu":
+    top = max(spec.sweep.concurrency)
+    if kv_bytes_per_token((*mem.target_layers, *draft.layers)) and kv.num_blocks:
+        fit = kv.num_blocks * kv.block_size // max(1, top)
+        if fit < t.max_model_len:
+            out.append(f"a lower max_model_len: target.max_model_len={max(16, fit // 16 * 16)}"
+                       f" holds {top} concurrent requests")
+    if t.kv_cache_dtype == "auto" and spec.hardware.vendor != "cpu":
         out.append("an fp8 KV cache: target.kv_cache_dtype=fp8 (halves KV bytes per token)")
     return out

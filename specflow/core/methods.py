@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from specflow.core.schema import Drafting, Method
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MethodInfo:
     """What specflow needs to know about one drafting method."""
 
@@ -44,21 +44,39 @@ _NO_V1 = "the CPU engine's V1 model runner does not support it, and Model Runner
 METHODS: dict[str, MethodInfo] = {
     m.name: m
     for m in (
-        MethodInfo("none", None, False, False, "none", 0, False, True, cost_rank=0),
-        MethodInfo("ngram", "ngram", False, False, "lookup", 0, False, True, cost_rank=1),
-        MethodInfo("suffix", "suffix", False, False, "lookup", 0, False, True, cost_rank=1),
-        MethodInfo("mtp", "mtp", False, True, "sequential", 0, True, True, cost_rank=2),
-        MethodInfo("medusa", "medusa", True, False, "parallel", 0, True, True, cost_rank=3),
-        MethodInfo(
-            "mlp_speculator", "mlp_speculator", True, False, "sequential", 0, True, True, cost_rank=3
-        ),
-        MethodInfo("eagle", "eagle", True, False, "sequential", 0, True, True, cost_rank=3),
-        MethodInfo("eagle3", "eagle3", True, False, "sequential", 0, True, True, cost_rank=3),
-        MethodInfo("dflash", "dflash", True, False, "parallel", 1, True, True, cost_rank=4),
-        MethodInfo(
-            "dspark", "dspark", True, True, "parallel", 0, True, False, _NO_V1, cost_rank=4
-        ),
-        MethodInfo("draft_model", "draft_model", True, False, "sequential", 0, True, True, cost_rank=5),
+        MethodInfo(name="none", vllm_method=None, drafting="none",
+                   needs_checkpoint=False, model_optional=False, reserves_lookahead=False,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=0),
+        MethodInfo(name="ngram", vllm_method="ngram", drafting="lookup",
+                   needs_checkpoint=False, model_optional=False, reserves_lookahead=False,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=1),
+        MethodInfo(name="suffix", vllm_method="suffix", drafting="lookup",
+                   needs_checkpoint=False, model_optional=False, reserves_lookahead=False,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=1),
+        MethodInfo(name="mtp", vllm_method="mtp", drafting="sequential",
+                   needs_checkpoint=False, model_optional=True, reserves_lookahead=True,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=2),
+        MethodInfo(name="medusa", vllm_method="medusa", drafting="parallel",
+                   needs_checkpoint=True, model_optional=False, reserves_lookahead=True,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=3),
+        MethodInfo(name="mlp_speculator", vllm_method="mlp_speculator", drafting="sequential",
+                   needs_checkpoint=True, model_optional=False, reserves_lookahead=True,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=3),
+        MethodInfo(name="eagle", vllm_method="eagle", drafting="sequential",
+                   needs_checkpoint=True, model_optional=False, reserves_lookahead=True,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=3),
+        MethodInfo(name="eagle3", vllm_method="eagle3", drafting="sequential",
+                   needs_checkpoint=True, model_optional=False, reserves_lookahead=True,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=3),
+        MethodInfo(name="dflash", vllm_method="dflash", drafting="parallel",
+                   needs_checkpoint=True, model_optional=False, reserves_lookahead=True,
+                   extra_lookahead=1, cpu_engine=True, cost_rank=4),
+        MethodInfo(name="dspark", vllm_method="dspark", drafting="parallel",
+                   needs_checkpoint=True, model_optional=True, reserves_lookahead=True,
+                   extra_lookahead=0, cpu_engine=False, cpu_reason=_NO_V1, cost_rank=4),
+        MethodInfo(name="draft_model", vllm_method="draft_model", drafting="sequential",
+                   needs_checkpoint=True, model_optional=False, reserves_lookahead=True,
+                   extra_lookahead=0, cpu_engine=True, cost_rank=5),
     )
 }
 """The method table, keyed by specflow method name."""

@@ -28,16 +28,15 @@ import datetime as dt
 import fcntl
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from specflow.core.fsio import BeforeReplace, atomic_write_json
 from specflow.core.analysis import Analysis, ClassResult, decision_rows, to_json
 from specflow.core.compile import EngineConfig
+from specflow.core.fsio import BeforeReplace, atomic_write_json
 from specflow.core.schema import PromoteSpec
 
 _SAFE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -247,7 +246,7 @@ def regression_gate(new: dict[str, Any], old: dict[str, Any] | None,
             continue
         new_curve = (remeasured or {}).get("per_position_acceptance") or (
             nb["per_position_acceptance"] if nb["drafter"] == ob["drafter"] else [])
-        for i, (a, b) in enumerate(zip(old_curve, new_curve)):
+        for i, (a, b) in enumerate(zip(old_curve, new_curve, strict=False)):
             if a - b > promote.acceptance_drop:
                 drops.append(f"band {label}: {ob['drafter']} acceptance at position {i + 1} fell "
                              f"{a:.3f} -> {b:.3f} (> {promote.acceptance_drop:.3f})")
@@ -276,7 +275,7 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
     in place; if it raises, the files stay promoted and the error propagates."""
     cdir = class_dir(output_dir if output_dir is not None else promote.output_dir,
                      result.traffic_class)
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     record = build_record(result, engines, promote)
     with _locked(cdir):
         old = champion(cdir.parent, result.traffic_class)

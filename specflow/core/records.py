@@ -92,10 +92,6 @@ class Measurement:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def latency(self, name: str) -> float | None:
-        """A latency statistic by vLLM's key, e.g. `p99_tpot_ms`."""
-        return self.latency_ms.get(name)
-
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["per_position_acceptance"] = list(self.per_position_acceptance)

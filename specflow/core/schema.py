@@ -2,15 +2,17 @@
 
 Every model is frozen and forbids unknown keys; every field is typed, bounded and documented by
 the docstring under it. Derived values (engine configs, hashes, memory) are computed in
-`specflow.core.compile` and `specflow.core.memory`, never here. Checks that span sections (drafter vs
-target, sweep vs drafters) live in `specflow.core.compile`.
+`specflow.core.compile` and `specflow.core.memory`, never here. Checks that span sections
+(drafter vs target, sweep vs drafters) live in `specflow.core.compile`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specflow.core.errors import Problem, ProblemError, Raw
 
 PositiveInt = Annotated[int, Field(ge=1)]
 """An integer >= 1 (list items: N values, concurrency levels)."""
@@ -18,7 +20,8 @@ PositiveInt = Annotated[int, Field(ge=1)]
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 """Weight/activation dtypes vLLM accepts for `--dtype`."""
 
-Quantization = Literal["fp8", "mxfp8", "mxfp4", "nvfp4", "int4", "awq", "gptq", "compressed-tensors"]
+Quantization = Literal[
+    "fp8", "mxfp8", "mxfp4", "nvfp4", "int4", "awq", "gptq", "compressed-tensors"]
 """Weight quantization schemes the memory model can size."""
 
 KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -104,7 +107,7 @@ class MultiLatentAttention(_Model):
 
 
 class LinearAttention(_Model):
-    """Linear-attention / state-space layers (e.g. Gated DeltaNet): a constant state per sequence."""
+    """Linear-attention / state-space layers (e.g. Gated DeltaNet): constant state per sequence."""
 
     kind: Literal["linear_attention"] = "linear_attention"
     """Layer kind discriminator."""
@@ -123,7 +126,7 @@ class LinearAttention(_Model):
 
 
 LayerGroup = Annotated[
-    Union[FullAttention, SlidingWindow, MultiLatentAttention, LinearAttention],
+    FullAttention | SlidingWindow | MultiLatentAttention | LinearAttention,
     Field(discriminator="kind"),
 ]
 
@@ -151,10 +154,9 @@ class Architecture(_Model):
     @model_validator(mode="after")
     def _kv_shared_has_no_layers(self) -> Architecture:
         if self.kv_shared and self.layers:
-            raise ValueError(
-                "layers: a kv_shared drafter keeps no KV of its own; got "
-                f"{len(self.layers)} layer group(s); expected an empty list"
-            )
+            raise ProblemError(Problem(
+                "layers", "a kv_shared drafter keeps no KV of its own",
+                Raw(f"{len(self.layers)} layer group(s)"), "an empty list"))
         return self
 
 
@@ -234,7 +236,7 @@ class DrafterSpec(_Model):
     num_speculative_tokens_per_batch_size: list[tuple[PositiveInt, PositiveInt, int]] | None = None
     """Dynamic N: [start, end, N] batch-size ranges (ends inclusive, first starts at 1)."""
     extra_speculative_config: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Further --speculative-config keys, passed as they are (checked by the installed-vLLM probe)."""
+    """Further --speculative-config keys, passed as they are (checked by the installed vLLM)."""
 
 
 class HardwareSpec(_Model):
@@ -261,7 +263,8 @@ class HardwareSpec(_Model):
 
 
 Generator = Literal["tool_calling", "structured_json", "code_completion", "chat", "random"]
-"""Offline prompt generators (see `specflow.workloads.generate`); `random` is random tokens (unrealistic)."""
+"""Offline prompt generators (see `specflow.workloads.generators`); `random` is random tokens
+(unrealistic)."""
 
 
 class GeneratedSource(_Model):
@@ -315,7 +318,7 @@ class PackageSource(_Model):
 
 
 WorkloadSource = Annotated[
-    Union[GeneratedSource, JsonlSource, HfSource, PackageSource], Field(discriminator="kind")
+    GeneratedSource | JsonlSource | HfSource | PackageSource, Field(discriminator="kind")
 ]
 
 
@@ -355,10 +358,9 @@ class WorkloadSpec(_Model):
     @model_validator(mode="after")
     def _needs_hub_only_for_hf(self) -> WorkloadSpec:
         if self.needs_hub and self.source.kind != "hf":
-            raise ValueError(
-                f"needs_hub: only source.kind=hf data comes from a hub; got true; "
-                f"expected false for source.kind={self.source.kind}"
-            )
+            raise ProblemError(Problem(
+                "needs_hub", "only source.kind=hf data comes from a hub", True,
+                f"false for source.kind={self.source.kind}"))
         return self
 
 
@@ -493,7 +495,7 @@ class EndpointBackend(_Model):
     """What the remote engine was started with (for the record)."""
 
 
-Backend = Annotated[Union[LocalBackend, EndpointBackend], Field(discriminator="kind")]
+Backend = Annotated[LocalBackend | EndpointBackend, Field(discriminator="kind")]
 
 
 class TrackingSpec(_Model):
