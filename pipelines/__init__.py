@@ -1,1 +1,1 @@
-"""Prefect flows that sequence specflow's steps (the logic lives in `specflow.steps.sweep`)."""
+"""Prefect flows that sequence specflow's steps (the logic lives in `specflow.steps`)."""

@@ -1,8 +1,9 @@
-"""The sweep as a Prefect flow: headroom -> each engine config -> closing baseline -> decide.
+"""The sweep as a Prefect flow: prepare -> each engine config -> closing baseline -> decide.
 
-The flow body only sequences tasks. Each engine config is its own task, taking only the
-overrides and the engine hash, so configs can run on separate workers; finished windows are in
-the sweep's ledger, so a retried or re-run task redoes only what is missing.
+The flow body only sequences tasks. Every task takes serialisable inputs (the overrides, an
+engine hash) and opens the sweep itself from the overrides and the ledger, so any task can run
+in a fresh process or on another worker; finished windows are in the ledger, so a retried or
+re-run task redoes only what is missing. `on_point` (progress) is for in-process runs only.
 """
 
 from __future__ import annotations
@@ -13,23 +14,13 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from specflow.steps import sweep
-
-_CONTEXTS: dict[tuple[str, ...], sweep.Context] = {}
-
-
-def _context(overrides: list[str]) -> sweep.Context:
-    """The prepared sweep; prepared once per process and reused by the tasks running here."""
-    key = tuple(overrides)
-    if key not in _CONTEXTS:
-        _CONTEXTS[key] = sweep.prepare(overrides)
-    return _CONTEXTS[key]
+from specflow import steps
 
 
 @task(name="prepare", task_run_name="prepare {overrides}", cache_policy=NO_CACHE)
 def prepare(overrides: list[str]) -> dict[str, Any]:
-    ctx = _context(overrides)
-    synced = sweep.sync(ctx)
+    ctx = steps.open_sweep(overrides)
+    synced = steps.sync(ctx)
     return {"plan_hash": ctx.plan.hash, "sweep_id": ctx.sid, "synced": synced,
             "engines": [(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
             "headroom": {h: r.verdict for h, r in ctx.headroom.items()},
@@ -40,52 +31,51 @@ def _retry_start(task: Any, task_run: Any, state: Any) -> bool:
     """Retry an engine task only when its engine failed to start (a retry can help there)."""
     try:
         state.result()
-    except sweep.EngineStartFailed:
+    except steps.EngineStartFailed:
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any other failure: a retry cannot help
         return False
     return False
 
 
 @task(name="engine-config", task_run_name="engine {engine_name}", cache_policy=NO_CACHE,
       retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
-def measure_engine(overrides: list[str], engine_hash: str, engine_name: str) -> dict[str, Any]:
-    return sweep.measure(_context(overrides), engine_hash)
+def measure_engine(overrides: list[str], engine_hash: str, engine_name: str,
+                   on_point: steps.OnPoint | None = None) -> dict[str, Any]:
+    return steps.measure(steps.open_sweep(overrides), engine_hash, on_point)
 
 
 @task(name="closing-baseline", task_run_name="closing baseline", cache_policy=NO_CACHE)
-def closing_baseline(overrides: list[str]) -> dict[str, Any]:
-    return sweep.run_closing_baseline(_context(overrides), sweep.PROGRESS.get("on_point"))
+def closing_baseline(overrides: list[str], on_point: steps.OnPoint | None = None
+                     ) -> dict[str, Any]:
+    return steps.run_closing_baseline(steps.open_sweep(overrides), on_point)
 
 
 @task(name="decide-and-promote", cache_policy=NO_CACHE)
 def decide(overrides: list[str]) -> dict[str, Any]:
-    ctx = _context(overrides)
-    outcome = sweep.decide(ctx)
+    ctx = steps.open_sweep(overrides)
+    outcome = steps.decide(ctx)
     markdown = outcome.report.read_text() if outcome.report else "no report"
     create_markdown_artifact(markdown=markdown[:200_000], key="specflow-sweep-summary",
                              description=f"sweep {ctx.plan.target} on {ctx.plan.hardware}")
-    return sweep.outcome_summary(ctx, outcome)
+    return steps.outcome_summary(ctx, outcome)
 
 
 @flow(name="specflow-sweep", flow_run_name="sweep {run_label}", log_prints=True)
-def sweep_flow(overrides: list[str], run_label: str = "") -> dict[str, Any]:
+def sweep_flow(overrides: list[str], run_label: str = "",
+               on_point: steps.OnPoint | None = None) -> dict[str, Any]:
     """Headroom, every engine config, the closing baseline, the decision and the promotion."""
     plan = prepare(overrides)
     engines = []
     for engine_hash, name in plan["engines"]:
-        state = measure_engine(overrides, engine_hash, name, return_state=True)
+        state = measure_engine(overrides, engine_hash, name, on_point, return_state=True)
         engines.append(state.result() if state.is_completed()
                        else {"engine": name, "hash": engine_hash, "error": state.message})
-    closing = closing_baseline(overrides)
+    closing = closing_baseline(overrides, on_point)
     outcome = decide(overrides)
     return {"plan": plan, "engines": engines, "closing": closing, "outcome": outcome}
 
 
-def run(overrides: list[str]) -> dict[str, Any]:
+def run(overrides: list[str], on_point: steps.OnPoint | None = None) -> dict[str, Any]:
     """Run the flow in this process (Prefect's temporary local API when no server is set)."""
-    label = " ".join(overrides) or "defaults"
-    try:
-        return sweep_flow(overrides, run_label=label)
-    finally:
-        _CONTEXTS.clear()
+    return sweep_flow(overrides, run_label=" ".join(overrides) or "defaults", on_point=on_point)

@@ -1,6 +1,6 @@
 """Command line: `python -m specflow [command] [hydra overrides] [--cfg job]`.
 
-Commands: run (default: the main job), compile, headroom, build-models, probe.
+Commands: run (default: the main job), compile, headroom, build-models, probe, restore.
 Invalid configuration exits 2 with one line per problem and no traceback.
 """
 
@@ -9,11 +9,19 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
+
+if TYPE_CHECKING:
+    from specflow.config.compose import Loaded
+    from specflow.core.compile import SweepPlan
+
+Flags = dict[str, Any]
+"""Parsed options: help, cfg, no_probe, json, args (restore's positional arguments)."""
 
 EXIT_INVALID = 2
 
@@ -34,10 +42,10 @@ key=value (sweep.repeats=5), +key=value to add, ~key to delete.
 """
 
 
-def _split(argv: Sequence[str]) -> tuple[str, list[str], dict[str, str | bool]]:
+def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
     command = "run"
     overrides: list[str] = []
-    flags: dict[str, str | bool] = {}
+    flags: Flags = {}
     args = list(argv)
     i = 0
     while i < len(args):
@@ -62,7 +70,7 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], dict[str, str | bool]]:
             command = a
         elif "=" not in a and not a.startswith(("~", "+")) and command == "restore":
             flags.setdefault("args", [])
-            flags["args"].append(a)  # type: ignore[union-attr]
+            flags["args"].append(a)
         else:
             overrides.append(a)
         i += 1
@@ -91,7 +99,7 @@ def _print_cfg(overrides: list[str], which: str) -> int:
     return 0
 
 
-def _probe_plan(loaded, plan, flags) -> None:  # noqa: ANN001
+def _probe_plan(loaded: Loaded, plan: SweepPlan, flags: Flags) -> None:
     """Reject what the installed vLLM does not know; warn (not fail) when vLLM is absent."""
     if flags.get("no_probe"):
         return
@@ -102,16 +110,12 @@ def _probe_plan(loaded, plan, flags) -> None:  # noqa: ANN001
     except probe.ProbeError as exc:
         err.print(f"[yellow]warning:[/] installed-vLLM check skipped: {escape(str(exc))}")
         return
-    problems = []
-    for ec in plan.engine_configs:
-        if ec.speculative_config is not None:
-            problems += probe.check_speculative_config(
-                facts, ec.speculative_config, f"drafter.{ec.drafter}.speculative_config")
+    problems = probe.check_plan(facts, plan.engine_configs)
     if problems:
         raise SpecError(problems)
 
 
-def cmd_compile(overrides: list[str], flags: dict) -> int:
+def cmd_compile(overrides: list[str], flags: Flags) -> int:
     from specflow.config.compose import load_plan
 
     loaded, plan = load_plan(overrides)
@@ -148,14 +152,12 @@ def _orchestration_env() -> None:
         os.environ.setdefault(key, value)
 
 
-def cmd_run(overrides: list[str], flags: dict) -> int:
+def cmd_run(overrides: list[str], flags: Flags) -> int:
     """The main job: the whole sweep as a Prefect flow, with a live progress display."""
     import time
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from specflow.steps import sweep
     from specflow.config.compose import load_plan
+    from specflow.results.console import print_outcome, sweep_progress
 
     overrides = default_overrides(overrides)
     loaded, plan = load_plan(overrides)  # invalid input: exit 2 before Prefect starts
@@ -167,103 +169,22 @@ def cmd_run(overrides: list[str], flags: dict) -> int:
 
     total = plan.num_points + (len(plan.workloads) * len(plan.concurrency)
                                * loaded.spec.sweep.closing_baseline_repeats)
-    out = Console(highlight=False)
     start = time.monotonic()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
-                  transient=False) as progress:
-        bar = progress.add_task(f"sweep {plan.target} on {plan.hardware}", total=total, last="")
-
-        def on_point(m) -> None:  # noqa: ANN001
-            state = "ok" if m.ok else f"[red]{m.failure}[/]"
-            extra = f" acc={m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
-            progress.update(bar, advance=1, last=f"{m.engine} {m.key.workload} "
-                            f"c{m.key.concurrency} r{m.key.repeat}: {state} "
-                            f"{m.output_throughput:.1f} tok/s{extra}")
-
-        sweep.PROGRESS["on_point"] = on_point
-        try:
-            result = run(overrides)
-        finally:
-            sweep.PROGRESS.clear()
+    with sweep_progress(err, f"sweep {plan.target} on {plan.hardware}", total) as on_point:
+        result = run(overrides, on_point)
     summary = result["outcome"]
     for note in result["plan"]["notes"]:
         err.print(f"[yellow]workload warning:[/] {escape(note)}")
-    _print_outcome(summary, out, time.monotonic() - start)
+    print_outcome(summary, Console(highlight=False), time.monotonic() - start)
     return 0 if summary["decided"] and not summary["missing"] else 1
 
 
-def _print_outcome(summary: dict, out: Console, elapsed: float) -> None:
-    """The decision per class and band (the full table with every candidate is in the report)."""
-    from rich.table import Table
-
-    rows = summary["table"]
-    if rows:
-        table = Table(title="decision per traffic class and concurrency band")
-        for col in ("class", "band", "deploy", "N", "speedup [CI]", "runner-up / why not"):
-            table.add_column(col, overflow="fold")
-        for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
-            mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
-            win = next(r for r in mine if r["verdict"] == "winner")
-            others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
-                            key=lambda r: -(r["lo"] or 0))
-            best = others[0] if others else None
-            why = (f"{best['engine']}: {best['speedup']:.3f} [{best['lo']:.3f}, {best['hi']:.3f}] "
-                   f"{best['verdict']}" if best else "")
-            table.add_row(cls, band, win["engine"], str(win["N"]),
-                          f"{win['speedup']:.3f} [{win['lo']:.3f}, {win['hi']:.3f}]", escape(why))
-        out.print(table)
-    for p in summary["problems"]:
-        out.print(f"[yellow]no decision:[/] {escape(p)}")
-    out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
-              f"missing {len(summary['missing'])}")
-    for p in summary["promotions"]:
-        out.print(escape(f"{p['status']} {p['traffic_class']}: {p['path']}"))
-    if summary["report"]:
-        out.print(escape(f"report (every candidate, plots): {summary['report']}"))
-    uri = summary["tracking_uri"]
-    if summary["tracking_error"]:
-        out.print(f"[yellow]MLflow was unreachable ({escape(summary['tracking_error'])}); "
-                  f"{summary['unlogged']} windows are kept locally and synced on the next run[/]")
-    out.print(escape(f"results: mlflow ui --backend-store-uri {uri}  (experiment "
-                     f"'{summary['experiment']}', parent run {summary['parent_run_id']})"))
-
-
-def print_headroom(reports: list, out: Console) -> None:  # noqa: ANN001
-    from rich.table import Table
-
-    colors = {"fits": "green", "warn": "yellow", "refuse": "red"}
-    summary = Table(title="headroom")
-    for col in ("engine config", "verdict", "KV tokens", "lost to drafter", "max conc. @ context",
-                "reason"):
-        summary.add_column(col)
-    for h in reports:
-        summary.add_row(h.engine, f"[{colors[h.verdict]}]{h.verdict}[/]", f"{h.capacity.tokens:,}",
-                        f"{h.drafter_cost_tokens:,} ({h.drafter_cost_percent:.1f}%)",
-                        str(h.concurrency_at_context), "; ".join(h.reasons))
-    shown = {}
-    for h in reports:  # one breakdown per distinct drafter (N changes only slots)
-        shown.setdefault(h.engine.rsplit("-n", 1)[0], h)
-    for h in shown.values():
-        table = Table(title=f"{h.engine}: {h.verdict}", title_justify="left")
-        table.add_column("item")
-        table.add_column("value", justify="right")
-        table.add_column("note")
-        for r in h.rows:
-            table.add_row(r.item, r.value, r.note)
-        out.print(table)
-        for fix in h.fixes:
-            out.print(f"  fix: {fix}")
-    out.print(summary)
-    out.print("assumptions: " + "; ".join(reports[0].assumptions) if reports else "")
-
-
-def cmd_headroom(overrides: list[str], flags: dict) -> int:
+def cmd_headroom(overrides: list[str], flags: Flags) -> int:
     from specflow.config.compose import load_plan
+    from specflow.results.console import print_headroom
+    from specflow.steps import headroom_reports
 
     loaded, plan = load_plan(overrides)
-    from specflow.steps.sweep import headroom_reports
-
     reports = headroom_reports(loaded, plan)
     if flags.get("json"):
         sys.stdout.write(json.dumps([h.to_json() for h in reports], indent=2) + "\n")
@@ -277,9 +198,9 @@ def cmd_headroom(overrides: list[str], flags: dict) -> int:
     return 0
 
 
-def cmd_probe(overrides: list[str], flags: dict) -> int:
-    from specflow.engine import probe
+def cmd_probe(overrides: list[str], flags: Flags) -> int:
     from specflow.config.compose import load
+    from specflow.engine import probe
 
     loaded = load(overrides)
     try:
@@ -294,10 +215,10 @@ def cmd_probe(overrides: list[str], flags: dict) -> int:
     return 0
 
 
-def cmd_restore(overrides: list[str], flags: dict) -> int:
+def cmd_restore(overrides: list[str], flags: Flags) -> int:
     """Make the previous (or a named) champion of a traffic class current again."""
-    from specflow.core import promote
     from specflow.config.compose import load
+    from specflow.core import promote
 
     args = list(flags.get("args") or [])
     if not args or len(args) > 2:
@@ -314,11 +235,11 @@ def cmd_restore(overrides: list[str], flags: dict) -> int:
     return 0
 
 
-def cmd_build_models(overrides: list[str], flags: dict) -> int:
+def cmd_build_models(overrides: list[str], flags: Flags) -> int:
     from pathlib import Path
 
-    from specflow.demo import tiny
     from specflow.config.compose import load
+    from specflow.demo import tiny
 
     root = Path(load(overrides).spec.paths.models)
     paths = tiny.build_all(root)
@@ -326,7 +247,7 @@ def cmd_build_models(overrides: list[str], flags: dict) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str], dict], int]] = {
+COMMANDS: dict[str, Callable[[list[str], Flags], int]] = {
     "run": cmd_run,
     "compile": cmd_compile,
     "headroom": cmd_headroom,

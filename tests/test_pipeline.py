@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specflow.demo import tiny
+from specflow.config.compose import load_plan
 from specflow.results.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,10 +26,8 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    tiny.build_all(root)
-    return root
+def models(tiny_models: Path) -> Path:
+    return tiny_models
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -81,14 +79,35 @@ def _runs(tmp: Path) -> tuple[object, list]:
     return parents[0], children
 
 
+_TASK = ("import json, sys; from pipelines.sweep import measure_engine; "
+         "print(json.dumps(measure_engine.fn(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3])))")
+
+
 @pytest.mark.engine
 def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
+    """One engine-config task first runs alone in a fresh process (serialisable inputs only, no
+    state from a preparing process); the flow then finds its windows finished and runs the rest."""
     args = _args(tmp_path, models, "drafter=[none,draft_model]",
                  "+sweep.num_speculative_tokens.draft_model=[2]")
+    _, plan = load_plan(args)
+    (base,) = [ec for ec in plan.engine_configs if ec.method == "none"]
+    alone = subprocess.run([sys.executable, "-c", _TASK, json.dumps(args), base.hash, base.name],
+                           cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert json.loads(alone.stdout.strip().splitlines()[-1])["ok"] == 2
+    first = {e.measurement.key.id: e.measurement for e in _ledger(tmp_path).entries()}
+    assert sorted(first) == sorted(f"{base.hash}/chat/c1/r{r}" for r in range(2))
+    assert all(e.logged for e in _ledger(tmp_path).entries())
+
     proc = _run(tmp_path, args)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     parent, children = _runs(tmp_path)
     ledger = _ledger(tmp_path)
+    # the flow measured only what the lone task had not: the same entries, not measured again
+    assert {i: ledger.get(i).measurement for i in first} == first
+    assert [e["engine"] for e in ledger.events("engine_start")] == ["baseline", "draft_model-n2",
+                                                                    "baseline"]
     # 2 engine configs x 1 workload x 1 concurrency x 2 repeats + 1 closing baseline window
     assert len(children) == 5 == len(list(ledger.entries()))
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}

@@ -1,1 +1,2 @@
-"""The vLLM side: server process, launcher, installed-vLLM probe, devices, load generation, metrics, runner."""
+"""The vLLM side: server process, launcher, installed-vLLM probe, devices, load generation,
+/metrics counters and the runner."""

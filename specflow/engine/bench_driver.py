@@ -27,7 +27,8 @@ import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from typing import Any, Callable, TextIO  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any, TextIO  # noqa: E402
 
 
 def _version_shim() -> None:

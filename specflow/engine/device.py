@@ -25,7 +25,7 @@ def _nvml() -> list[Device]:
         return []
     try:
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound / DriverNotLoaded: no NVIDIA GPU here
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded: no NVIDIA GPU here
         return []
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
@@ -49,7 +49,7 @@ def _amdsmi() -> list[Device]:
         return []
     try:
         amdsmi.amdsmi_init()
-    except Exception:  # AmdSmiLibraryException: no AMD GPU or driver here
+    except Exception:  # noqa: BLE001 - AmdSmiLibraryException: no AMD GPU or driver here
         return []
     try:
         out = []

@@ -8,6 +8,7 @@ Both take the same argv and produce the same result files; only process reuse di
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol
 
-from specflow.engine.server import die_with_parent, group_members, kill_group
 from specflow.engine.launcher import vllm_command
+from specflow.engine.server import die_with_parent, group_members, kill_group
 
 DRIVER = Path(__file__).with_name("bench_driver.py")
 """The driver script, run by path with the vLLM environment's interpreter."""
@@ -189,10 +190,8 @@ class BenchDriver:
                 pass
         self._ready = False
         kill_group(proc.pid, signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
     def _answer(self, timeout_s: float) -> dict | None:
         deadline = time.monotonic() + timeout_s

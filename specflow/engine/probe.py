@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.core.fsio import atomic_write_json
 from specflow.core.errors import Problem, did_you_mean, one_of
+from specflow.core.fsio import atomic_write_json
 
 _VERSION_SCRIPT = r"""
 import importlib.metadata as md, json
@@ -166,3 +166,10 @@ def check_schedule(schedule: Sequence[Sequence[int]], vllm_command: Sequence[str
     """Run the installed vLLM's own schedule validation; returns its error, or None if valid."""
     out = _run(interpreter(vllm_command), _SCHEDULE_SCRIPT, json.dumps([list(r) for r in schedule]))
     return out.get("error")
+
+
+def check_plan(f: VllmFacts, engine_configs: Sequence[Any]) -> list[Problem]:
+    """Problems of every engine config's --speculative-config with this vLLM."""
+    return [p for ec in engine_configs if ec.speculative_config
+            for p in check_speculative_config(f, ec.speculative_config,
+                                              f"drafter.{ec.drafter}.speculative_config")]

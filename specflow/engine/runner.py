@@ -17,15 +17,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from specflow.engine import metrics
 from specflow.core.compile import EngineConfig
 from specflow.core.fsio import atomic_write_json
+from specflow.core.records import LATENCY_METRICS, LATENCY_STATS, Measurement, PointKey
+from specflow.core.schema import EndpointBackend, LocalBackend, WorkloadSpec
+from specflow.engine import metrics
+from specflow.engine.loadgen import (
+    BenchDriver,
+    JobResult,
+    LoadGenerator,
+    LoadGeneratorError,
+    LoadGeneratorKind,
+    bench_env,
+    make_load_generator,
+)
 from specflow.engine.server import (
     Endpoint,
     EngineFailure,
@@ -37,17 +47,6 @@ from specflow.engine.server import (
     tail,
     tokenizer_of,
 )
-from specflow.engine.loadgen import (
-    BenchDriver,
-    JobResult,
-    LoadGenerator,
-    LoadGeneratorError,
-    LoadGeneratorKind,
-    bench_env,
-    make_load_generator,
-)
-from specflow.core.records import LATENCY_METRICS, LATENCY_STATS, Measurement, PointKey
-from specflow.core.schema import EndpointBackend, LocalBackend, WorkloadSpec
 
 RESULT_FILE = "result.json"
 PERCENTILE_METRICS = ",".join(LATENCY_METRICS)
@@ -145,7 +144,7 @@ def read_prompts(w: Window) -> list[str]:
 
 def prompt_hash(prompts: Sequence[str]) -> str:
     """sha256 of the exact prompts sent, in order (JSON list of strings, UTF-8), as
-    `specflow.workloads.generate` hashes a materialised dataset."""
+    `specflow.workloads.materialize` hashes a materialised dataset."""
     return hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode("utf-8")
                           ).hexdigest()
 
@@ -155,7 +154,7 @@ def output_digests(result: Mapping[str, Any]) -> tuple[str, ...]:
     texts = result.get("generated_texts") or []
     errors = result.get("errors") or [""] * len(texts)
     return tuple("" if err else hashlib.sha256(text.encode("utf-8")).hexdigest()
-                 for text, err in zip(texts, errors))
+                 for text, err in zip(texts, errors, strict=False))
 
 
 def latency_stats(result: Mapping[str, Any]) -> dict[str, float]:
@@ -414,52 +413,11 @@ def run_endpoint(ec: EngineConfig, backend: EndpointBackend, windows: Sequence[W
             except LoadGeneratorError as exc:
                 yield from (_failed(ec, w, "bench_failed", f"{exc}\n{tail(log)}") for w in todo)
                 return
-        done = 0
-        for m, down in _windows(server, gen, ec, todo, workdir, backend.request_timeout_s):
-            done += 1
+        for done, (m, down) in enumerate(
+                _windows(server, gen, ec, todo, workdir, backend.request_timeout_s), 1):
             yield m
             if down is not None:
                 yield from _not_run(ec, todo[done:], f"not run: the endpoint stopped serving "
                                     f"at point {m.key.id} ({down.kind})")
     finally:
         gen.close()
-
-
-def run_sweep(engine_configs: Iterable[EngineConfig], backend: LocalBackend | EndpointBackend,
-              windows: Sequence[Window], workdir: Path, *,
-              load_generator: LoadGeneratorKind = "driver", skip: Collection[str] = (),
-              tokenizer: str | None = None) -> Iterator[Measurement]:
-    """`run_engine` for each engine config in turn; a failed engine never stops the sweep."""
-    for ec in engine_configs:
-        yield from run_engine(ec, backend, windows, workdir, load_generator=load_generator,
-                              skip=skip, tokenizer=tokenizer)
-
-
-# --------------------------------------------------------------------------------------------
-# CLI hook
-
-
-def measure_command(overrides: Sequence[str], datasets: Mapping[str, Path],
-                    out: TextIO | None = None, skip: Collection[str] = ()) -> int:
-    """Measure every engine config of a plan; one Measurement JSON line per window on `out`.
-
-    `datasets` maps workload names to their materialised JSONL files. Logs and point files go
-    under `<tracking.workdir>/runs`. Returns 0 when every window is ok, 1 otherwise (failures
-    are in the output, never raised). Resuming is the caller's: pass finished point ids as
-    `skip`.
-    """
-    from specflow.config.compose import load_plan
-
-    out = out or sys.stdout
-    loaded, plan = load_plan(list(overrides))
-    spec = loaded.spec
-    windows = plan_windows(spec.workload, datasets, spec.sweep.concurrency, spec.sweep.repeats,
-                           spec.sweep.warmup_requests)
-    all_ok = True
-    for m in run_sweep(plan.engine_configs, spec.backend, windows,
-                       Path(spec.tracking.workdir) / "runs", skip=skip,
-                       tokenizer=spec.target.tokenizer or spec.target.model):
-        out.write(json.dumps(m.to_json(), sort_keys=True) + "\n")
-        out.flush()
-        all_ok &= m.ok
-    return 0 if all_ok else 1

@@ -11,6 +11,7 @@ An `Endpoint` is a server specflow did not start: same interface, no lifecycle.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,7 +24,6 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 
 from specflow.core.compile import EngineConfig
@@ -226,10 +226,8 @@ def group_members(pgid: int) -> dict[int, int]:
 
 def kill_group(pgid: int, sig: int) -> None:
     """Signal a process group; a group that is already gone is fine."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def oom_kill_count() -> int | None:
@@ -251,7 +249,7 @@ def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float 
     """(status, body) of a GET; status 0 when the server cannot be reached."""
     req = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http only)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # http(s): backend URLs
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
         return err.code, ""
@@ -423,8 +421,7 @@ class LocalEngine(Server):
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self.stop()
 
     # -- internals
@@ -498,15 +495,11 @@ class LocalEngine(Server):
             kill_group(pgid, signal.SIGKILL)
             for pid, st in self._seen.items():  # members that left the group
                 if pid_alive(pid, st):
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
             self._wait_gone(10.0)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         self._stopped = True
 
     def _wait_gone(self, timeout: float) -> bool:

@@ -68,7 +68,7 @@ def plot_throughput_vs_n(analysis: Analysis, workload: str, path: Path) -> Path:
     if not levels:
         raise ValueError(f"no usable points for workload {workload!r}")
     fig, axes = _figure(len(levels), f"{workload}: output throughput vs N")
-    for ax, c in zip(axes, levels):
+    for ax, c in zip(axes, levels, strict=True):
         at = [p for p in pts if p.concurrency == c]
         n_max = max([p.num_speculative_tokens for p in at] + [1])
         for p in at:
@@ -108,7 +108,7 @@ def plot_acceptance(analysis: Analysis, workload: str, path: Path) -> Path | Non
         return None
     fig, axes = _figure(1, f"{workload}: per-position acceptance")
     ax = axes[0]
-    for (drafter, n, engine), cs in sorted(curves.items()):
+    for (_drafter, _n, engine), cs in sorted(curves.items()):
         k = min(len(c) for c in cs)
         curve = np.median(np.asarray([c[:k] for c in cs]), axis=0)
         ax.plot(np.arange(1, k + 1), curve, marker="o", label=engine)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specflow.core.compile import EngineConfig, SweepPlan
+from specflow.core.promote import Promotion
 from specflow.core.records import Measurement
 
 log = logging.getLogger("specflow.results.tracking")
@@ -185,5 +186,26 @@ class Tracker:
                 self.client.log_artifact(run_id, str(f), artifact_path)
         self.client.set_terminated(run_id, status=status)
 
-    def log_point_metric(self, run_id: str, key: str, value: float) -> None:
-        self.client.log_metric(run_id, key, float(value))
+    def register_champion(self, parent_id: str, promotion: Promotion, target: str,
+                          hardware: str) -> str:
+        """Mirror a champion in the model registry (`specflow-<target>-<class>`, alias
+        `champion`), with its file as an artifact of the sweep's parent run; returns the version."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+
+        cls = promotion.traffic_class
+        name = f"specflow-{target}-{cls}".replace("_", "-")
+        self.client.log_artifact(parent_id, str(promotion.path), f"promoted/{cls}")
+        try:
+            self.client.create_registered_model(name, description=(
+                f"specflow champion for {target} on {hardware}, traffic class {cls}: a "
+                "speculative-decoding config"))
+        except MlflowException as exc:
+            if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                raise
+        mv = self.client.create_model_version(
+            name, f"runs:/{parent_id}/promoted/{cls}", run_id=parent_id,
+            tags={"specflow.version": promotion.version,
+                  "specflow.decision": str(promotion.record.get("outcome", ""))})
+        self.client.set_registered_model_alias(name, "champion", mv.version)
+        return str(mv.version)

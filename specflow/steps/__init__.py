@@ -1,1 +1,23 @@
-"""The steps of a sweep (prepare, measure one engine config, sync, decide), callable without Prefect."""
+"""The steps of a sweep, callable without Prefect: open, measure one engine config, sync, decide.
+
+`pipelines/` sequences them as Prefect tasks. No step keeps state between calls: each builds its
+`Context` from the overrides and the sweep's ledger (`open_sweep`), so a step can run in a fresh
+process or on another worker and sees the same sweep.
+"""
+
+from specflow.steps.context import Context, OnPoint, headroom_reports, open_sweep
+from specflow.steps.decide import Outcome, decide, outcome_summary
+from specflow.steps.measure import (
+    EngineStartFailed,
+    measure,
+    measurements,
+    missing,
+    run_closing_baseline,
+    sync,
+)
+
+__all__ = [
+    "Context", "EngineStartFailed", "OnPoint", "Outcome", "decide", "headroom_reports",
+    "measure", "measurements", "missing", "open_sweep", "outcome_summary",
+    "run_closing_baseline", "sync",
+]

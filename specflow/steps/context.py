@@ -1,0 +1,216 @@
+"""A sweep's context, rebuilt from (overrides, ledger) by every step that needs it.
+
+Opening validates and compiles the config, checks it against the installed vLLM, builds the tiny
+local models when the spec points at them, computes headroom, materialises the workloads into
+the sweep's directory (content-addressed, so a second open finds them) and reopens the sweep's
+MLflow parent run (found by its sweep-id tag). Nothing is cached in the process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import logging
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specflow.config.compose import Loaded, load_plan
+from specflow.core.compile import EngineConfig, SweepPlan
+from specflow.core.errors import Problem, SpecError
+from specflow.core.memory import Headroom, headroom
+from specflow.core.records import Measurement
+from specflow.core.schema import Spec
+from specflow.demo import tiny
+from specflow.engine import device, probe
+from specflow.engine.runner import Window, plan_windows
+from specflow.results.ledger import Ledger, sweep_id
+from specflow.results.tracking import Tracker
+from specflow.workloads import MaterializedWorkload, materialize_all
+
+log = logging.getLogger("specflow.steps")
+
+OnPoint = Callable[[Measurement], None]
+"""Progress callback: called with each finished (or failed) window."""
+
+
+@dataclass
+class Context:
+    """An opened sweep: validated spec, plan, vLLM facts, headroom, datasets, windows, ledger and
+    the MLflow parent run (None while MLflow is unreachable)."""
+
+    overrides: tuple[str, ...]
+    loaded: Loaded
+    plan: SweepPlan
+    facts: probe.VllmFacts
+    ledger: Ledger
+    headroom: dict[str, Headroom]
+    datasets: dict[str, MaterializedWorkload]
+    windows: list[Window]
+    """The opening windows of every engine config (closing baseline windows: `closing_windows`)."""
+    tracker: Tracker | None = None
+    parent_run_id: str | None = None
+    tracking_error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def spec(self) -> Spec:
+        return self.loaded.spec
+
+    @property
+    def sid(self) -> str:
+        return self.ledger.sid
+
+    @property
+    def workdir(self) -> Path:
+        return self.ledger.dir
+
+    def engine(self, engine_hash: str) -> EngineConfig:
+        for ec in self.plan.engine_configs:
+            if ec.hash == engine_hash:
+                return ec
+        raise KeyError(engine_hash)
+
+    def baseline(self) -> EngineConfig | None:
+        return next((ec for ec in self.plan.engine_configs if ec.method == "none"), None)
+
+    def closing_windows(self) -> list[Window]:
+        """Baseline windows re-measured at the end (repeat ids after the opening ones)."""
+        n, r0 = self.spec.sweep.closing_baseline_repeats, self.spec.sweep.repeats
+        firsts = [w for w in self.windows if w.repeat == 0]
+        return [replace(w, repeat=r0 + i) for i in range(n) for w in firsts]
+
+    def went_offline(self, exc: BaseException) -> None:
+        """MLflow failed: keep results in the ledger only; they are synced on the next run."""
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        if self.tracking_error is None:
+            log.warning("MLflow unreachable (%s): results stay in %s and are synced on the next "
+                        "run", first, self.ledger.points)
+        self.tracking_error = first
+        self.tracker = None
+
+    def log(self, m: Measurement) -> None:
+        """Log one window to MLflow (idempotent: its child run is found again by point id)."""
+        if self.tracker is None or self.parent_run_id is None:
+            return
+        entry = self.ledger.get(m.key.id)
+        try:
+            ec: EngineConfig | None = self.engine(m.key.engine_hash)
+        except KeyError:
+            ec = None
+        files = [Path(p) for p in m.artifacts.values()]
+        try:
+            run_id = self.tracker.log_point(self.parent_run_id, m, ec, files,
+                                            run_id=entry.run_id if entry else None)
+        except Exception as exc:  # noqa: BLE001 - any store failure: the window stays unlogged in the ledger
+            self.went_offline(exc)
+            return
+        self.ledger.mark_logged(m.key.id, run_id)
+
+
+def experiment_name(loaded: Loaded) -> str:
+    s = loaded.spec
+    return s.tracking.experiment or f"specflow/{s.target.name}/{s.hardware.name}"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def pins(loaded: Loaded, facts: probe.VllmFacts) -> dict[str, str]:
+    """Versions and revisions that make a result reproducible (logged on the parent run)."""
+    s = loaded.spec
+    out = {"specflow": md.version("specflow"), "vllm": facts.version,
+           "vllm_distribution": facts.distribution, "torch": facts.torch or "unknown",
+           "target_model": s.target.model, "target_revision": s.target.revision or "unpinned"}
+    for name, d in s.drafter.items():
+        ckpt = d.checkpoints.get(s.target.name)
+        if ckpt is not None:
+            out[f"drafter.{name}"] = f"{ckpt.model}@{ckpt.revision or 'unpinned'}"
+    devices = device.probe()
+    out["device"] = devices[0].name if devices else "cpu"
+    out["driver"] = devices[0].driver if devices else "none"
+    out["git_commit"] = _git_commit()
+    return out
+
+
+def headroom_reports(loaded: Loaded, plan: SweepPlan) -> list[Headroom]:
+    """Headroom of every engine config, with the real device memory when one is present."""
+    total = free = None
+    if loaded.spec.headroom.use_device_probe:
+        found = [d for d in device.probe() if d.vendor == loaded.spec.hardware.vendor]
+        if found:
+            total, free = found[0].total_bytes, found[0].free_bytes
+    return [headroom(loaded.spec, ec, device_total_bytes=total, device_free_bytes=free)
+            for ec in plan.engine_configs]
+
+
+def _local_models(loaded: Loaded) -> bool:
+    """Whether the spec points at the tiny local models (built on demand)."""
+    root = Path(loaded.spec.paths.models).resolve()
+    paths = [loaded.spec.target.model] + [
+        c.model for d in loaded.spec.drafter.values() for c in d.checkpoints.values()]
+    return any(Path(p).resolve().is_relative_to(root) for p in paths)
+
+
+def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> probe.VllmFacts:
+    """The installed vLLM's facts; every speculative config must be one it accepts."""
+    spec = loaded.spec
+    try:
+        facts = probe.facts(spec.backend.vllm_command)
+    except probe.ProbeError as exc:
+        raise SpecError([Problem("backend.vllm_command", f"cannot reach vLLM ({exc})",
+                                 spec.backend.vllm_command, "a command that runs vLLM")]) from None
+    problems = probe.check_plan(facts, plan.engine_configs)
+    if problems:
+        raise SpecError(problems)
+    return facts
+
+
+def open_sweep(overrides: Sequence[str], *, tracking: bool = True) -> Context:
+    """Build the sweep's context from its overrides and its ledger (see the module docstring).
+
+    Raises SpecError for anything the user must fix (exit 2).
+    """
+    overrides = tuple(overrides)
+    loaded, plan = load_plan(overrides)
+    spec = loaded.spec
+    facts = _vllm_facts(loaded, plan)
+    if _local_models(loaded):
+        tiny.build_all(Path(spec.paths.models))
+    ledger = Ledger(Path(spec.tracking.workdir), sweep_id(plan.hash, facts.version))
+    reports = {ec.hash: h for ec, h in zip(plan.engine_configs, headroom_reports(loaded, plan),
+                                                   strict=True)}
+    local_tok = Path(spec.target.tokenizer or spec.target.model).expanduser()
+    datasets = materialize_all(spec.workload, ledger.dir / "datasets",
+                               tokenizer=str(local_tok) if local_tok.is_dir() else None,
+                               concurrency=spec.sweep.concurrency)
+    windows = plan_windows(spec.workload, {n: m.path for n, m in datasets.items()},
+                           spec.sweep.concurrency, spec.sweep.repeats, spec.sweep.warmup_requests)
+    ctx = Context(overrides, loaded, plan, facts, ledger, reports, datasets, windows,
+                  notes=[w for m in datasets.values() for w in m.warnings])
+    if tracking:
+        _open_tracking(ctx)
+    return ctx
+
+
+def _open_tracking(ctx: Context) -> None:
+    """Reach MLflow and open (or reopen) the sweep's parent run; offline is not fatal."""
+    spec = ctx.spec
+    try:
+        ctx.tracker = Tracker(spec.tracking.uri, experiment_name(ctx.loaded),
+                              Path(spec.tracking.workdir).resolve() / "mlartifacts")
+        ctx.tracker.check()
+        run_name = f"sweep {ctx.plan.target} on {ctx.plan.hardware} ({ctx.plan.hash[:8]})"
+        ctx.parent_run_id = ctx.tracker.parent(
+            ctx.sid, ctx.plan, OmegaConf.to_yaml(OmegaConf.create(ctx.loaded.raw)),
+            pins(ctx.loaded, ctx.facts), run_name)
+    except Exception as exc:  # noqa: BLE001 - any store failure: keep results locally, sync next run
+        ctx.went_offline(exc)

@@ -1,0 +1,113 @@
+"""Decide and promote: analyse every finished window, check emitted N schedules with the
+installed vLLM, write the report, promote per traffic class and mirror champions in MLflow."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specflow.core import analysis, promote
+from specflow.core.analysis import Analysis
+from specflow.engine import probe
+from specflow.results import report
+from specflow.steps.context import Context, experiment_name
+from specflow.steps.measure import measurements, missing
+
+
+@dataclass
+class Outcome:
+    """What the decision step produced."""
+
+    decided: bool
+    problems: list[str]
+    report: Path | None
+    plots: list[Path]
+    promotions: list[promote.Promotion]
+    table: list[dict[str, Any]]
+
+
+def _no_decision(ctx: Context, problems: list[str]) -> Outcome:
+    out_dir = ctx.workdir / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "report.md"
+    path.write_text("# specflow decision report\n\nNo decision: the data cannot carry one.\n\n"
+                    + "\n".join(f"- {p}" for p in problems) + "\n")
+    return Outcome(False, problems, path, [], [], [])
+
+
+def check_schedules(result: Analysis, vllm_command: Sequence[str] | None, vllm_label: str
+                    ) -> tuple[Analysis, list[str]]:
+    """Drop the classes whose emitted N schedule the installed vLLM rejects (not promoted)."""
+    kept, problems = [], []
+    for r in result.classes:
+        schedule = r.deployment.schedule
+        error = probe.check_schedule(schedule, vllm_command) if schedule else None
+        if error is None:
+            kept.append(r)
+        else:
+            problems.append(f"{r.traffic_class}: {vllm_label} rejects the emitted "
+                            f"num_speculative_tokens_per_batch_size {[list(x) for x in schedule]}"
+                            f" ({error}); the class is not promoted")
+    return dataclasses.replace(result, classes=tuple(kept)), problems
+
+
+def decide(ctx: Context) -> Outcome:
+    """Analyse every finished window, write the report and plots, promote per traffic class."""
+    base = ctx.baseline()
+    r0 = ctx.spec.sweep.repeats
+    closing = [m for m in ctx.ledger.measurements()
+               if base is not None and m.key.engine_hash == base.hash and m.key.repeat >= r0]
+    refused = {h for h, r in ctx.headroom.items() if r.verdict == "refuse"}
+    try:
+        result = analysis.analyze(measurements(ctx), ctx.spec.promote, closing_baseline=closing,
+                                  refused_by_headroom=refused)
+    except analysis.AnalysisError as exc:
+        return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
+    files = report.write_report(result, ctx.workdir / "report")
+    promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
+                                           ctx.facts.label)
+    engines = {ec.hash: ec for ec in ctx.plan.engine_configs}
+    promotions = promote.promote_all(promotable, engines, ctx.spec.promote,
+                                     on_promoted=lambda p: _register(ctx, p))
+    table = [row for r in result.classes for row in analysis.decision_rows(r)]
+    if ctx.tracker is not None and ctx.parent_run_id is not None:
+        ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
+        try:
+            ctx.tracker.log_summary(ctx.parent_run_id, {
+                "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok},
+                [files.report, *files.plots], artifact_path="report")
+        except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
+            ctx.went_offline(exc)
+    return Outcome(True, problems, files.report, list(files.plots), promotions, table)
+
+
+def _register(ctx: Context, promotion: promote.Promotion) -> None:
+    """Mirror a champion in the MLflow model registry; offline is not fatal."""
+    if ctx.tracker is None or ctx.parent_run_id is None:
+        return
+    try:
+        ctx.tracker.register_champion(ctx.parent_run_id, promotion, ctx.plan.target,
+                                      ctx.plan.hardware)
+    except Exception as exc:  # noqa: BLE001 - any store failure: the champion file is in place
+        ctx.went_offline(exc)
+
+
+def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
+    """A JSON-able summary of the sweep for the CLI and the flow's return value."""
+    entries = list(ctx.ledger.entries())
+    return {
+        "decided": outcome.decided, "problems": outcome.problems,
+        "report": str(outcome.report) if outcome.report else None,
+        "plots": [str(p) for p in outcome.plots],
+        "promotions": [{"traffic_class": p.traffic_class, "status": p.status,
+                        "version": p.version, "path": str(p.path)} for p in outcome.promotions],
+        "table": outcome.table,
+        "points": len(entries), "ok": sum(e.measurement.ok for e in entries),
+        "unlogged": sum(not e.logged for e in entries),
+        "tracking_uri": ctx.spec.tracking.uri, "tracking_error": ctx.tracking_error,
+        "experiment": experiment_name(ctx.loaded), "parent_run_id": ctx.parent_run_id,
+        "missing": [k.id for k in missing(ctx)],
+    }
