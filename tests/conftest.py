@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +11,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `engine` need the real vLLM; without it they are skipped, saying why."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="needs vLLM: install specflow[cpu] (or [gpu]); `make test` does")
+    for item in items:
+        if "engine" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -23,6 +34,17 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m specflow ARGS` in a real subprocess (exit code and streams as a user sees them)."""
+    """`python -m specflow ARGS` in a real subprocess (exit code and streams as a user sees)."""
     return subprocess.run([sys.executable, "-m", "specflow", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every tiny local model (targets, drafters of each seed method), built once per session;
+    the directory to pass as `paths.models`."""
+    from specflow.demo import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    tiny.build_all(root)
+    return root

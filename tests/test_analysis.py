@@ -9,7 +9,6 @@ import re
 import numpy as np
 import pytest
 
-from specflow.engine import probe
 from specflow.core.analysis import (
     AnalysisError,
     Band,
@@ -21,6 +20,7 @@ from specflow.core.analysis import (
     to_json,
 )
 from specflow.core.schema import PromoteSpec, QualitySpec, SloSpec
+from specflow.engine import probe
 
 from .builders import BASELINE, DIGESTS, LATENCY, Cand, engine, sweep, window
 
@@ -352,6 +352,7 @@ def test_configured_bands_group_levels_and_must_each_be_measured() -> None:
         analyze(ms, PromoteSpec(concurrency_bands=[[1, 4], [4, 16]]))
 
 
+@pytest.mark.engine
 def test_schedule_turns_speculation_off_where_it_loses_and_vllm_accepts_it() -> None:
     """Speculation wins at concurrency 1-4 and loses at 32: N=0 in the losing band."""
     cands = [Cand(E3N2, {1: 1.45, 4: 1.30, 32: 0.85}), Cand(E3N3, {1: 1.60, 4: 1.40, 32: 0.80}),

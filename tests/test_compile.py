@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specflow.core.compile import serve_argv
 from specflow.config.compose import load_plan
+from specflow.core.compile import serve_argv
 from specflow.core.errors import SpecError
 from specflow.core.methods import METHODS
 

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from specflow.demo import tiny
-
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENT = "specflow-sweep/specflow-revalidate"
 
@@ -48,9 +46,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.engine
-def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    tiny.build_all(models)
+def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_models: Path
+                                                          ) -> None:
+    models = tiny_models
     port = _port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),

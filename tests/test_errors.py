@@ -128,7 +128,8 @@ def test_real_process_exit_code_and_no_traceback() -> None:
 _KEYS = ["sweep.repeats", "sweep.concurrency", "sweep.warmup_requests", "target.max_model_len",
          "target.tensor_parallel_size", "target.dtype", "target.arch.hidden_size",
          "hardware.device_count", "hardware.memory_gib_per_device", "backend.port",
-         "backend.engine.gpu_memory_utilization", "promote.margin", "drafter.ngram.prompt_lookup_min",
+         "backend.engine.gpu_memory_utilization", "promote.margin",
+         "drafter.ngram.prompt_lookup_min",
          "drafter.ngram.prompt_lookup_max", "drafter.ngram.method", "workload.chat.num_prompts",
          "workload.chat.source.kind", "tracking.uri", "sweep.nope", "target.arch.layers",
          "nope", "target"]

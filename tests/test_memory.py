@@ -169,7 +169,8 @@ def test_warn_when_concurrency_exceeds_capacity() -> None:
     reports = {ec.name: headroom(loaded.spec, ec) for ec in plan.engine_configs}
     # 64 MiB holds 128 requests of <=256 tokens without a drafter, 64 with the copy
     assert reports["baseline"].verdict == "warn"
-    assert reports["draft_model-n2"].concurrency_at_context < reports["baseline"].concurrency_at_context
+    assert (reports["draft_model-n2"].concurrency_at_context
+            < reports["baseline"].concurrency_at_context)
     assert any("below the sweep's highest concurrency 200" in r
                for r in reports["draft_model-n2"].reasons)
 

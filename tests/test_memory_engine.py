@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from specflow.demo import tiny
 from specflow.config.compose import load_plan
 from specflow.core.memory import headroom
 from specflow.engine.launcher import vllm_command
@@ -44,17 +44,14 @@ def _reported_kv_tokens(argv: list[str], log: Path, timeout: float = 300) -> int
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise AssertionError(f"no KV cache line from the engine (exit {proc.poll()}):\n{tail}")
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=30)
 
 
 @pytest.mark.engine
-def test_estimated_kv_capacity_equals_vllm_log(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    tiny.build_all(models)
+def test_estimated_kv_capacity_equals_vllm_log(tmp_path: Path, tiny_models: Path) -> None:
+    models = tiny_models
     # max_model_len 1000 is not a multiple of the CPU block size (128): vLLM reports
     # int(num_blocks / ceil(1000 / 128) * 1000), which the estimate must reproduce
     loaded, plan = load_plan([

@@ -11,6 +11,8 @@ from specflow.engine import probe
 
 from .conftest import run_cli
 
+pytestmark = pytest.mark.engine  # every test here asks the installed vLLM
+
 
 @pytest.fixture(scope="module")
 def facts() -> probe.VllmFacts:

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from specflow.core.analysis import analyze
-from specflow.results.report import write_report
 from specflow.core.schema import PromoteSpec, SloSpec
+from specflow.results.report import write_report
 
 from .builders import BASELINE, Cand, engine, sweep, window
 

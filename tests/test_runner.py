@@ -9,8 +9,7 @@ timeout. The pure helpers are tested without an engine.
 
 from __future__ import annotations
 
-import importlib.util
-import io
+import itertools
 import json
 import math
 import os
@@ -26,10 +25,19 @@ from typing import Any
 
 import pytest
 
-from specflow.engine import metrics
-from specflow.demo import tiny
-from specflow.core.compile import EngineConfig
 from specflow.config.compose import load_plan
+from specflow.core.compile import EngineConfig
+from specflow.core.records import Measurement
+from specflow.core.schema import EndpointBackend, LocalBackend
+from specflow.engine import metrics
+from specflow.engine.loadgen import bench_env, driver_python
+from specflow.engine.runner import (
+    Window,
+    bench_argv,
+    plan_windows,
+    run_endpoint,
+    run_engine,
+)
 from specflow.engine.server import (
     classify_exit,
     group_members,
@@ -39,20 +47,7 @@ from specflow.engine.server import (
     served_model_name,
     tokenizer_of,
 )
-from specflow.engine.loadgen import bench_env, driver_python
-from specflow.core.records import Measurement
-from specflow.engine.runner import (
-    Window,
-    bench_argv,
-    measure_command,
-    plan_windows,
-    run_endpoint,
-    run_engine,
-    run_sweep,
-)
-from specflow.core.schema import EndpointBackend, LocalBackend
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
 N = 3
 PROMPTS = 8
 MAX_TOKENS = 32
@@ -150,9 +145,9 @@ def test_finished_windows_start_no_engine(tmp_path: Path) -> None:
     windows = plan_windows(spec.workload, datasets, spec.sweep.concurrency, spec.sweep.repeats,
                            spec.sweep.warmup_requests)
     done = {w.key(ec).id for ec in plan.engine_configs for w in windows}
-    out = io.StringIO()
-    assert measure_command(overrides, datasets, out, skip=done) == 0
-    assert out.getvalue() == "" and not (tmp_path / "wd").exists()
+    for ec in plan.engine_configs:  # a whole plan whose windows are all finished starts nothing
+        assert list(run_engine(ec, spec.backend, windows, tmp_path / "wd", skip=done)) == []
+    assert not (tmp_path / "wd").exists()
 
 
 def test_unrunnable_vllm_command_is_a_recorded_start_failure(tmp_path: Path) -> None:
@@ -180,11 +175,9 @@ def test_unreachable_endpoint_fails_every_window(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def setup(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> dict[str, Any]:
     """Tiny models, the compiled plan, a dataset and the small CPU backend."""
-    root = tmp_path_factory.mktemp("models")
-    for kind in ("target", "draft_copy", "draft_random", "draft_derived"):
-        tiny.build(kind, root)
+    root = tiny_models
     loaded, plan = load_plan([
         "experiment=cpu_demo", f"paths.models={root}",
         "drafter=[none,ngram,draft_model,draft_model_derived,draft_model_random]",
@@ -229,8 +222,8 @@ def baseline(setup: dict[str, Any]) -> dict[str, list[Measurement]]:
     bad = replace(base, name="bad-path", serve_argv=bad_argv)
     windows = [_window(setup), _window(setup, concurrency=1)]
     out: dict[str, list[Measurement]] = {"bad-path": [], "baseline": []}
-    for m in run_sweep([bad, base], setup["backend"], windows, setup["work"]):
-        out[m.engine].append(m)
+    for ec in (bad, base):  # a failed engine start does not stop the next config
+        out[ec.name] += run_engine(ec, setup["backend"], windows, setup["work"])
     return out
 
 
@@ -329,7 +322,6 @@ def _bench_result(m: Measurement) -> dict[str, Any]:
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_start_failure_is_recorded_and_the_sweep_continues(
         baseline: dict[str, list[Measurement]]) -> None:
     bad = baseline["bad-path"]
@@ -341,7 +333,6 @@ def test_start_failure_is_recorded_and_the_sweep_continues(
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_baseline_runs_all_windows_on_one_engine(baseline: dict[str, list[Measurement]]) -> None:
     ms = [_ok(m) for m in baseline["baseline"]]
     record = _record(ms[0])
@@ -362,7 +353,6 @@ def test_baseline_runs_all_windows_on_one_engine(baseline: dict[str, list[Measur
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_copy_accepts_everything_and_starts_past_a_busy_port(
         copy_on_busy_port: dict[str, Any], baseline: dict[str, list[Measurement]]) -> None:
     ms = [_ok(m) for m in copy_on_busy_port["ms"]]
@@ -382,12 +372,11 @@ def test_copy_accepts_everything_and_starts_past_a_busy_port(
         assert m.draft_tokens == m.accepted_tokens == N * m.num_drafts
     counters = json.loads(Path(ms[0].artifacts["counters"]).read_text())
     assert counters["before"]["num_drafts"] > 0, "the warm-up ran before the window"
-    for b, c in zip(baseline["baseline"], ms):
+    for b, c in zip(baseline["baseline"], ms, strict=True):
         assert c.output_digests == b.output_digests
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_ngram_local_and_as_an_endpoint_with_an_api_key(
         ngram: dict[str, Any], baseline: dict[str, list[Measurement]],
         setup: dict[str, Any]) -> None:
@@ -406,7 +395,6 @@ def test_ngram_local_and_as_an_endpoint_with_an_api_key(
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_random_drafter_accepts_almost_nothing(random_killed: dict[str, Any],
                                                baseline: dict[str, list[Measurement]]) -> None:
     m = _ok(random_killed["first"])
@@ -416,7 +404,6 @@ def test_random_drafter_accepts_almost_nothing(random_killed: dict[str, Any],
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_engine_killed_mid_benchmark_is_recorded_and_leaves_nothing(
         random_killed: dict[str, Any]) -> None:
     assert "at" in random_killed["killed"], "the engine was never seen busy"
@@ -430,7 +417,6 @@ def test_engine_killed_mid_benchmark_is_recorded_and_leaves_nothing(
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_derived_drafter_partial_acceptance(derived: list[Measurement],
                                             baseline: dict[str, list[Measurement]]) -> None:
     [m] = derived
@@ -438,13 +424,12 @@ def test_derived_drafter_partial_acceptance(derived: list[Measurement],
     assert _record(m)["load_generator"] == "BenchProcess"
     assert m.acceptance_rate is not None and 0.05 < m.acceptance_rate < 0.95
     pp = m.per_position_acceptance
-    assert len(pp) == N and all(a >= b for a, b in zip(pp, pp[1:]))
+    assert len(pp) == N and all(a >= b for a, b in itertools.pairwise(pp))
     assert m.mean_acceptance_length == pytest.approx(1 + sum(pp), abs=1e-12)
     assert m.output_digests == baseline["baseline"][0].output_digests
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_bench_acceptance_equals_metrics_deltas_exactly(
         copy_on_busy_port: dict[str, Any], ngram: dict[str, Any],
         random_killed: dict[str, Any], derived: list[Measurement]) -> None:
@@ -468,7 +453,6 @@ def test_bench_acceptance_equals_metrics_deltas_exactly(
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_readiness_timeout_is_a_hang(setup: dict[str, Any]) -> None:
     backend = setup["backend"].model_copy(update={"startup_timeout_s": 3.0})
     [m] = run_engine(setup["ecs"]["baseline"], backend, [_window(setup)], setup["work"] / "hang")

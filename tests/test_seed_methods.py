@@ -12,7 +12,6 @@ headroom estimate. The agreeing builds' drafters predict exactly what their targ
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -25,18 +24,17 @@ from typing import Any
 
 import pytest
 
-from specflow.demo import tiny
-from specflow.workloads import generate as workloads
+from specflow import workloads
 from specflow.config.compose import load, load_plan
 from specflow.core.errors import SpecError
-from specflow.results.ledger import Ledger
 from specflow.core.memory import arch_from_config, arch_from_dir, headroom
 from specflow.core.records import Measurement
+from specflow.demo import tiny
 from specflow.engine.runner import plan_windows, run_engine
+from specflow.results.ledger import Ledger
 
 from .conftest import run_cli
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
 OVERLAY = "experiment=cpu_seed_methods"
 KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 
@@ -66,16 +64,17 @@ RANDOM = {"tiny_mimo_mtp2_random": "mtp-n2", "tiny_gemma4_random": "gemma4_mtp-n
 # ------------------------------------------------------------------------ no engine
 
 
-def test_conf_facts_are_those_of_the_built_models(tmp_path: Path) -> None:
+def test_conf_facts_are_those_of_the_built_models(tiny_models: Path) -> None:
+    root = tiny_models
     for name, kind in SEED_TARGETS.items():
-        conf = load([f"target={name}", f"paths.models={tmp_path}"]).spec.target
-        assert conf.model == str(tmp_path / kind)
-        assert conf.arch == arch_from_dir(tiny.build(kind, tmp_path)), name
+        conf = load([f"target={name}", f"paths.models={root}"]).spec.target
+        assert conf.model == str(root / kind)
+        assert conf.arch == arch_from_dir(tiny.build(kind, root)), name
     for (drafter, target), kind in SEED_CHECKPOINTS.items():
-        spec = load([f"target={target}", f"drafter={drafter}", f"paths.models={tmp_path}"]).spec
+        spec = load([f"target={target}", f"drafter={drafter}", f"paths.models={root}"]).spec
         ckpt = spec.drafter[drafter].checkpoints[target]
-        assert ckpt.model == str(tmp_path / kind)
-        assert ckpt.arch == arch_from_dir(tiny.build(kind, tmp_path)), (drafter, target)
+        assert ckpt.model == str(root / kind)
+        assert ckpt.arch == arch_from_dir(tiny.build(kind, root)), (drafter, target)
 
 
 def test_seed_methods_compile_through_the_real_drafter_entries(tmp_path: Path) -> None:
@@ -136,9 +135,9 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
-def test_vllm_states_the_same_mtp_depth_rule(tmp_path: Path) -> None:
-    model = tiny.build("mimo_mtp2", tmp_path)
+@pytest.mark.engine
+def test_vllm_states_the_same_mtp_depth_rule(tiny_models: Path) -> None:
+    model = tiny.build("mimo_mtp2", tiny_models)
     proc = subprocess.run([sys.executable, "-c", VLLM_DEPTH_SCRIPT, str(model), "2", "3", "4"],
                           capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -257,10 +256,9 @@ def _job_starts(tmp: Path, models: Path) -> dict[tuple[str, str], Start]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> Runs:
     """The main job in the background while this process makes the direct starts."""
-    models = tmp_path_factory.mktemp("models")
-    tiny.build_all(models)
+    models = tiny_models
     job_dir = tmp_path_factory.mktemp("job")
     with open(job_dir / "stdout.txt", "w") as out, open(job_dir / "stderr.txt", "w") as err:
         job = subprocess.Popen([sys.executable, "-m", "specflow", *_job_args(job_dir, models)],
@@ -317,7 +315,6 @@ def _assert_agrees(runs: Runs, target: str, drafter: str, ns: tuple[int, ...]) -
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_main_job_completes_with_one_mlflow_child_per_point(runs: Runs) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -345,7 +342,6 @@ def test_main_job_completes_with_one_mlflow_child_per_point(runs: Runs) -> None:
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_native_mtp_accepts_every_draft_with_the_baselines_outputs(runs: Runs) -> None:
     assert all(len(runs.starts[("tiny_mimo_mtp", n)].measurements) == 2
                for n in ("baseline", "mtp-n1", "mtp-n2"))
@@ -353,19 +349,16 @@ def test_native_mtp_accepts_every_draft_with_the_baselines_outputs(runs: Runs) -
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_gemma4_mtp_accepts_every_draft_with_the_baselines_outputs(runs: Runs) -> None:
     _assert_agrees(runs, "tiny_gemma4", "gemma4_mtp", (1, 2))
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_dflash_accepts_every_draft_with_the_baselines_outputs(runs: Runs) -> None:
     _assert_agrees(runs, "tiny_qwen3", "dflash", (2, 4))
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_random_drafters_run_and_record_their_counters(runs: Runs) -> None:
     for target, name in RANDOM.items():
         start = runs.starts[(target, name)]
@@ -388,7 +381,6 @@ def _logged_kv_tokens(log: Path) -> int:
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_headroom_kv_capacity_equals_the_engines_log(runs: Runs) -> None:
     seen: dict[str, tuple[int, int]] = {}
     for (target, name), start in sorted(runs.starts.items()):

