@@ -26,7 +26,7 @@ lower bound is >= 1 + margin at every point; among eligible candidates the highe
 wins, where bounds within `tie_tolerance` are ties that go to the smaller N, then the cheaper
 method (`METHODS[m].cost_rank`). With no eligible candidate, "off" wins.
 
-Calibration (tests/test_analysis.py, 1,000 seeded trials each): the defaults (margin 0.05,
+Calibration (tests/core/test_analysis.py, 1,000 seeded trials each): the defaults (margin 0.05,
 confidence 0.95) assume 5 repeats per point with the baseline bracketing the sweep (5 + 5). An
 A/A pair is promoted in < 1% of trials for run-to-run CV up to 10%, even at the 3-repeat floor
 (about 0.5% at CV 10%). A true 10% gain is promoted in >= 95% of trials at CV <= 1.5% (99.6%);

@@ -409,7 +409,7 @@ def draft_arch(spec: Spec, ec: EngineConfig) -> Architecture | None:
 def target_arch(spec: Spec) -> Architecture:
     """The target's architecture facts as its conf entry states them (`target.arch`).
 
-    Nothing is read from disk: `tests/test_memory.py` checks the conf entries against the
+    Nothing is read from disk: `tests/core/test_memory.py` checks the conf entries against the
     checkpoints' config.json."""
     return spec.target.arch
 

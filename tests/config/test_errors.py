@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 from specflow import cli
 from specflow.config.compose import Sources, conf_dir, load, load_plan
 from specflow.core.errors import SpecError
-
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 # (overrides, dotted field the message must name)
 INVALID: list[tuple[list[str], str]] = [

@@ -32,8 +32,7 @@ from specflow.core.records import Measurement
 from specflow.demo import tiny
 from specflow.engine.runner import plan_windows, run_engine
 from specflow.results.ledger import Ledger
-
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 OVERLAY = "experiment=cpu_seed_methods"
 KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
@@ -196,7 +195,7 @@ def test_dspark_compiles_and_is_sized_on_gpu_hardware() -> None:
     # its five drafter layers' KV and weights are counted; anchor sampling reserves N slots
     assert h.kv_bytes_per_token_draft == 5 * 2 * 8 * 128 * 2 and h.draft_weight_bytes > 0
     assert h.lookahead_slots == 7 and 0 < h.capacity.tokens < h0.capacity.tokens
-    vendored = Path(__file__).parent / "data" / "hf_configs" / "dspark_qwen3_8b" / "config.json"
+    vendored = Path(__file__).parents[1] / "data" / "hf_configs" / "dspark_qwen3_8b" / "config.json"
     real = arch_from_config(json.loads(vendored.read_text()))
     assert loaded.spec.drafter["dspark"].checkpoints["qwen3_8b"].arch.layers == real.layers
 

@@ -18,10 +18,9 @@ from specflow.core.memory import (
     kv_capacity,
     snapshot_dir,
 )
+from tests.conftest import run_cli
 
-from .conftest import run_cli
-
-HF = Path(__file__).parent / "data" / "hf_configs"
+HF = Path(__file__).parents[1] / "data" / "hf_configs"
 MiB = 1024**2
 
 

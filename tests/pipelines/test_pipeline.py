@@ -16,7 +16,7 @@ import pytest
 from specflow.config.compose import load_plan
 from specflow.results.ledger import Ledger
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = [
     "experiment=cpu_demo", "workload=[chat]", "workload.chat.num_prompts=4",

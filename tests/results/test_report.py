@@ -9,8 +9,7 @@ import numpy as np
 from specflow.core.analysis import analyze
 from specflow.core.schema import PromoteSpec, SloSpec
 from specflow.results.report import write_report
-
-from .builders import BASELINE, Cand, engine, sweep, window
+from tests.builders import BASELINE, Cand, engine, sweep, window
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

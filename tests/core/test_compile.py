@@ -12,10 +12,9 @@ from specflow.config.compose import load_plan
 from specflow.core.compile import serve_argv
 from specflow.core.errors import SpecError
 from specflow.core.methods import METHODS
+from tests.conftest import run_cli
 
-from .conftest import run_cli
-
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 UPDATE = os.environ.get("SPECFLOW_UPDATE_GOLDEN") == "1"
 
 PAIRS = [

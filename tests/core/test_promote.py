@@ -24,10 +24,9 @@ from specflow.core.promote import (
     restore,
 )
 from specflow.core.schema import PromoteSpec
+from tests.builders import BASELINE, Cand, engine, sweep
 
-from .builders import BASELINE, Cand, engine, sweep
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 E3N2 = engine("eagle3-n2", "eagle3", 2)
 E3N3 = engine("eagle3-n3", "eagle3", 3)
 E3N4 = engine("eagle3-n4", "eagle3", 4)
@@ -209,7 +208,7 @@ _KILLED_MID_WRITE = r"""
 import sys, time
 from pathlib import Path
 from specflow.core.promote import promote_class
-from tests.test_promote import scenario
+from tests.core.test_promote import scenario
 
 out, ready = Path(sys.argv[1]), Path(sys.argv[2])
 result, engines, spec = scenario("second")
@@ -268,7 +267,7 @@ def test_gate_says_which_bands_it_could_not_compare(tmp_path: Path) -> None:
 
 
 def test_restore_is_one_command(tmp_path: Path) -> None:
-    from .conftest import run_cli
+    from tests.conftest import run_cli
 
     first = _promote("first", tmp_path)
     second = _promote("second", tmp_path)

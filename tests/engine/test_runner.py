@@ -56,7 +56,7 @@ SECRET = "sk-specflow-test-7f3a9c1e"
 
 # ----------------------------------------------------------------------------- pure helpers
 
-METRICS = Path(__file__).parent / "data" / "vllm_metrics_spec_decode.txt"
+METRICS = Path(__file__).parents[1] / "data" / "vllm_metrics_spec_decode.txt"
 """A real /metrics exposition of the CPU engine (draft_model copy, N=3, one request)."""
 
 

@@ -21,8 +21,7 @@ from specflow.core.analysis import (
 )
 from specflow.core.schema import PromoteSpec, QualitySpec, SloSpec
 from specflow.engine import probe
-
-from .builders import BASELINE, DIGESTS, LATENCY, Cand, engine, sweep, window
+from tests.builders import BASELINE, DIGESTS, LATENCY, Cand, engine, sweep, window
 
 E3N2 = engine("eagle3-n2", "eagle3", 2)
 E3N3 = engine("eagle3-n3", "eagle3", 3)

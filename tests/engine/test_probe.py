@@ -8,8 +8,7 @@ import json
 import pytest
 
 from specflow.engine import probe
-
-from .conftest import run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.engine  # every test here asks the installed vLLM
 

