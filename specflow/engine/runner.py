@@ -20,7 +20,7 @@ import json
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from specflow.core.compile import EngineConfig
 from specflow.core.fsio import atomic_write_json
@@ -192,91 +192,152 @@ def _job_failure(server: Server, job: JobResult, log: Path) -> tuple[str, str]:
     return kind, f"{job.error}\n--- bench log tail ---\n{tail(log)}"
 
 
-def measure_window(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window,
-                   point_dir: Path, timeout_s: float) -> Measurement:
-    """Run one window against a running server and turn it into a Measurement."""
-    point_dir.mkdir(parents=True, exist_ok=True)
-    bench_log, warmup_log = point_dir / "bench.log", point_dir / "warmup.log"
-    counters_path, result_path = point_dir / "counters.json", point_dir / RESULT_FILE
-    result_path.unlink(missing_ok=True)
-    artifacts: dict[str, Path] = {"bench_log": bench_log}
-    if server.log_path is not None:
-        artifacts["engine_log"] = server.log_path
-    try:
-        prompts = read_prompts(w)
-    except (OSError, ValueError) as exc:
-        return _failed(ec, w, "dataset_invalid", str(exc), artifacts)
-    phash = prompt_hash(prompts)
+Failure = tuple[str, str]
+"""(kind, detail) of a window that produced no usable result."""
+Status = tuple[Literal["ok", "failed"], str | None, str]
+"""(status, failure, detail) of a window that ran."""
 
-    if w.warmup_requests > 0:
-        artifacts["warmup_log"] = warmup_log
-        job = gen.run(bench_argv(server, w, point_dir, warmup=True), warmup_log, timeout_s)
-        if not job.ok:
-            kind, detail = _job_failure(server, job, warmup_log)
-            return _failed(ec, w, kind, "warm-up: " + detail, artifacts, prompt_hash=phash)
+
+@dataclass(frozen=True)
+class _Files:
+    """Where one window's files go."""
+
+    dir: Path
+
+    @property
+    def bench_log(self) -> Path:
+        return self.dir / "bench.log"
+
+    @property
+    def warmup_log(self) -> Path:
+        return self.dir / "warmup.log"
+
+    @property
+    def counters(self) -> Path:
+        return self.dir / "counters.json"
+
+    @property
+    def result(self) -> Path:
+        return self.dir / RESULT_FILE
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What a measured window returned: bench's result and the counters around it."""
+
+    result: dict[str, Any]
+    before: metrics.SpecCounters | None
+    after: metrics.SpecCounters | None
+
+
+def _warm_up(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout_s: float,
+             artifacts: dict[str, Path]) -> Failure | None:
+    """The window's warm-up requests (outside the measured window); a failure, or None."""
+    if w.warmup_requests <= 0:
+        return None
+    artifacts["warmup_log"] = files.warmup_log
+    job = gen.run(bench_argv(server, w, files.dir, warmup=True), files.warmup_log, timeout_s)
+    if job.ok:
+        return None
+    kind, detail = _job_failure(server, job, files.warmup_log)
+    return kind, "warm-up: " + detail
+
+
+def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout_s: float,
+           artifacts: dict[str, Path]) -> _Run | Failure:
+    """The measured window: /metrics before, `vllm bench serve`, /metrics after."""
     try:
         before = _scrape(server)
     except ConnectionError as exc:
         down = server.failure()
-        kind, detail = (down.kind, down.detail) if down else ("metrics_unavailable", str(exc))
-        return _failed(ec, w, kind, detail, artifacts, prompt_hash=phash)
-
-    job = gen.run(bench_argv(server, w, point_dir), bench_log, timeout_s)
+        return (down.kind, down.detail) if down else ("metrics_unavailable", str(exc))
+    job = gen.run(bench_argv(server, w, files.dir), files.bench_log, timeout_s)
     after: metrics.SpecCounters | None = None
     scrape_error = ""
     try:
         after = _scrape(server)
     except ConnectionError as exc:
         scrape_error = str(exc)
-    if result_path.is_file():
-        artifacts["result"] = result_path
+    if files.result.is_file():
+        artifacts["result"] = files.result
     down = server.failure()
     if down is not None:
-        return _failed(ec, w, down.kind, down.detail, artifacts, prompt_hash=phash)
-    if not job.ok or not result_path.is_file():
-        kind, detail = _job_failure(server, job, bench_log)
-        return _failed(ec, w, kind, detail, artifacts, prompt_hash=phash)
-    result = json.loads(result_path.read_text(encoding="utf-8"))
+        return down.kind, down.detail
+    if not job.ok or not files.result.is_file():
+        return _job_failure(server, job, files.bench_log)
+    result = json.loads(files.result.read_text(encoding="utf-8"))
     if scrape_error:
-        return _failed(ec, w, "metrics_unavailable", scrape_error, artifacts, prompt_hash=phash)
+        return "metrics_unavailable", scrape_error
+    return _Run(result, before, after)
 
-    delta = metrics.window_delta(before, after)
-    mismatches = metrics.compare_with_bench(delta, result)
-    counters_path.write_text(json.dumps({
-        "before": before.to_json() if before else None,
-        "after": after.to_json() if after else None,
-        "delta": delta.to_json() if delta else None,
-        "bench": {k: v for k, v in result.items() if k.startswith("spec_decode_")},
-        "mismatches": mismatches}, indent=2) + "\n", encoding="utf-8")
-    artifacts["counters"] = counters_path
 
-    status, failure, detail = "ok", None, ""
+def _status(w: Window, result: Mapping[str, Any], mismatches: Sequence[str]
+            ) -> Status:
+    """(status, failure, detail): failed requests or counters that disagree with bench."""
     if result.get("failed", 0) or result.get("completed", 0) < w.num_prompts:
         errors = [e for e in result.get("errors") or [] if e]
-        status, failure = "failed", "requests_failed"
-        detail = (f"{result.get('failed', 0)} of {w.num_prompts} requests failed; first errors: "
-                  + " | ".join(errors[:3]))
-    elif mismatches:
-        status, failure = "failed", "metrics_mismatch"
-        detail = "bench and /metrics disagree: " + "; ".join(mismatches)
+        return "failed", "requests_failed", (
+            f"{result.get('failed', 0)} of {w.num_prompts} requests failed; first errors: "
+            + " | ".join(errors[:3]))
+    if mismatches:
+        return "failed", "metrics_mismatch", ("bench and /metrics disagree: "
+                                              + "; ".join(mismatches))
+    return "ok", None, ""
 
-    speculative = ec.speculative_config is not None and delta is not None
+
+def measure_window(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window,
+                   point_dir: Path, timeout_s: float) -> Measurement:
+    """Run one window against a running server and turn it into a Measurement."""
+    files = _Files(point_dir)
+    point_dir.mkdir(parents=True, exist_ok=True)
+    files.result.unlink(missing_ok=True)
+    artifacts: dict[str, Path] = {"bench_log": files.bench_log}
+    if server.log_path is not None:
+        artifacts["engine_log"] = server.log_path
+    try:
+        phash = prompt_hash(read_prompts(w))
+    except (OSError, ValueError) as exc:
+        return _failed(ec, w, "dataset_invalid", str(exc), artifacts)
+    run = _warm_up(server, gen, w, files, timeout_s, artifacts) or \
+        _bench(server, gen, w, files, timeout_s, artifacts)
+    if not isinstance(run, _Run):
+        return _failed(ec, w, *run, artifacts, prompt_hash=phash)
+    delta = metrics.window_delta(run.before, run.after)
+    mismatches = metrics.compare_with_bench(delta, run.result)
+    atomic_write_json(files.counters, {
+        "before": run.before.to_json() if run.before else None,
+        "after": run.after.to_json() if run.after else None,
+        "delta": delta.to_json() if delta else None,
+        "bench": {k: v for k, v in run.result.items() if k.startswith("spec_decode_")},
+        "mismatches": mismatches})
+    artifacts["counters"] = files.counters
+    return _measurement(ec, w, run.result, delta, _status(w, run.result, mismatches), phash,
+                        artifacts)
+
+
+def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],
+                 delta: metrics.SpecCounters | None,
+                 status: Status, phash: str,
+                 artifacts: Mapping[str, Path]) -> Measurement:
+    """The window's record: bench's throughput and latency, the counter deltas (speculative
+    engines only), per-request output digests."""
+    spec = delta if ec.speculative_config is not None else None
     return Measurement(
         key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
         num_speculative_tokens=ec.num_speculative_tokens, traffic_class=w.traffic_class,
-        status=status, failure=failure, failure_detail=detail,
+        status=status[0], failure=status[1], failure_detail=status[2],
         completed=int(result.get("completed", 0)), failed=int(result.get("failed", 0)),
         duration_s=float(result.get("duration", 0.0)),
         output_throughput=float(result.get("output_throughput", 0.0)),
         request_throughput=float(result.get("request_throughput", 0.0)),
         total_token_throughput=float(result.get("total_token_throughput", 0.0)),
         latency_ms=latency_stats(result),
-        acceptance_rate=delta.acceptance_rate if speculative else None,
-        mean_acceptance_length=delta.mean_acceptance_length if speculative else None,
-        per_position_acceptance=delta.per_position if speculative else (),
-        num_drafts=delta.num_drafts if speculative else None,
-        draft_tokens=delta.draft_tokens if speculative else None,
-        accepted_tokens=delta.accepted_tokens if speculative else None,
+        acceptance_rate=spec.acceptance_rate if spec else None,
+        mean_acceptance_length=spec.mean_acceptance_length if spec else None,
+        per_position_acceptance=spec.per_position if spec else (),
+        num_drafts=spec.num_drafts if spec else None,
+        draft_tokens=spec.draft_tokens if spec else None,
+        accepted_tokens=spec.accepted_tokens if spec else None,
         output_digests=output_digests(result), prompt_hash=phash,
         total_output_tokens=int(result.get("total_output_tokens", 0)),
         artifacts={k: str(v) for k, v in artifacts.items()})
@@ -306,6 +367,44 @@ def _not_run(ec: EngineConfig, rest: Sequence[Window], why: str) -> Iterator[Mea
         yield _failed(ec, w, "engine_down", why)
 
 
+def _start(engine: LocalEngine, gen: LoadGenerator) -> Failure | None:
+    """Start the engine, then the load generator; the failure every window gets, or None."""
+    try:
+        engine.start()
+        if isinstance(gen, BenchDriver):
+            gen.wait_ready()
+    except EngineStartError as exc:
+        return exc.failure.kind, exc.failure.detail
+    except LoadGeneratorError as exc:
+        return "bench_failed", f"{exc}\n{tail(gen.log)}"
+    return None
+
+
+@dataclass(frozen=True)
+class _EngineRecord:
+    """The engine's record file: argv (secrets redacted), PIDs, attempts, failure, survivors."""
+
+    path: Path
+    ec: EngineConfig
+    engine: LocalEngine
+    gen: LoadGenerator
+
+    def write(self, **extra: Any) -> None:
+        e = self.engine
+        atomic_write_json(self.path, {
+            "engine": self.ec.name, "hash": self.ec.hash, "argv": redact_argv(e.argv(e.port or 0)),
+            "base_url": e.base_url if e.port else None, "log": str(e.log_path),
+            "attempts": e.attempts, "start_s": e.start_s, "engine_pgid": e.pid,
+            "engine_pids": sorted(e.processes()), "load_generator": type(self.gen).__name__,
+            "load_generator_pids": self.gen.pids(), **extra})
+
+    def stopped(self, failure: str | None = None) -> None:
+        """Stop the load generator and the engine (its whole group), recording survivors."""
+        self.gen.close()
+        extra = {"failure": failure} if failure else {}
+        self.write(**extra, survivors=self.engine.stop())
+
+
 def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, windows: Sequence[Window],
                workdir: Path, *, load_generator: LoadGeneratorKind = "driver",
                skip: Collection[str] = (), tokenizer: str | None = None) -> Iterator[Measurement]:
@@ -325,57 +424,33 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
         return
     engine_dir = workdir / "engines"
     engine = LocalEngine(ec, backend, engine_dir)
-    record_path = engine_dir / f"{ec.name}-{ec.hash}.json"
-    env = bench_env(backend.env, api_key=engine.api_key)
-    gen = make_load_generator(load_generator, backend.vllm_command, env,
+    gen = make_load_generator(load_generator, backend.vllm_command,
+                              bench_env(backend.env, api_key=engine.api_key),
                               engine_dir / f"{ec.name}-{ec.hash}.loadgen.log")
-
-    def record(**extra: Any) -> None:
-        atomic_write_json(record_path, {
-            "engine": ec.name, "hash": ec.hash, "argv": redact_argv(engine.argv(engine.port or 0)),
-            "base_url": engine.base_url if engine.port else None, "log": str(engine.log_path),
-            "attempts": engine.attempts, "start_s": engine.start_s,
-            "engine_pgid": engine.pid, "engine_pids": sorted(engine.processes()),
-            "load_generator": type(gen).__name__, "load_generator_pids": gen.pids(), **extra})
-
-    artifacts = {"engine_log": engine.log_path, "engine_record": record_path}
+    record = _EngineRecord(engine_dir / f"{ec.name}-{ec.hash}.json", ec, engine, gen)
     try:
-        try:
-            engine.start()
-            if isinstance(gen, BenchDriver):
-                gen.wait_ready()
-        except EngineStartError as exc:
-            gen.close()
-            record(failure=exc.failure.kind, survivors=engine.stop())
-            for w in todo:
-                yield _failed(ec, w, exc.failure.kind, exc.failure.detail, artifacts)
+        failure = _start(engine, gen)
+        if failure is not None:
+            record.stopped(failure[0])
+            artifacts = {"engine_log": engine.log_path, "engine_record": record.path}
+            yield from (_failed(ec, w, *failure, artifacts) for w in todo)
             return
-        except LoadGeneratorError as exc:
-            gen.close()
-            record(failure="bench_failed", survivors=engine.stop())
-            for w in todo:
-                yield _failed(ec, w, "bench_failed", f"{exc}\n{tail(gen.log)}", artifacts)
-            return
-        record()
-        done = 0
-        for m, down in _windows(engine, gen, ec, todo, workdir, backend.request_timeout_s):
-            done += 1
-            m = _with_artifacts(m, record_path)
-            if down is None:
-                record()
+        record.write()
+        for done, (m, down) in enumerate(
+                _windows(engine, gen, ec, todo, workdir, backend.request_timeout_s), 1):
+            m = _with_artifacts(m, record.path)
+            if down is not None:
+                record.stopped(down.kind)
                 yield m
-                continue
-            gen.close()
-            survivors = engine.stop()
-            record(failure=down.kind, survivors=survivors)
+                yield from _not_run(ec, todo[done:], f"not run: engine '{ec.name}' stopped "
+                                    f"serving at point {m.key.id} ({down.kind})")
+                return
+            record.write()
             yield m
-            yield from _not_run(ec, todo[done:], f"not run: engine '{ec.name}' stopped serving "
-                                f"at point {m.key.id} ({down.kind})")
-            return
     finally:
         gen.close()
         if engine.running:
-            record(survivors=engine.stop())
+            record.write(survivors=engine.stop())
 
 
 def _with_artifacts(m: Measurement, record_path: Path) -> Measurement:

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
 from specflow.core.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
+from specflow.core.fsio import atomic_write
 
 
 @dataclass(frozen=True)
@@ -285,5 +286,5 @@ def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(analysis, out)
     path = out / name
-    path.write_text(markdown(analysis, plots, out))
+    atomic_write(path, markdown(analysis, plots, out))
     return ReportFiles(path, tuple(plots))

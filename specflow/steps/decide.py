@@ -11,6 +11,7 @@ from typing import Any
 
 from specflow.core import analysis, promote
 from specflow.core.analysis import Analysis
+from specflow.core.fsio import atomic_write
 from specflow.engine import probe
 from specflow.results import report
 from specflow.steps.context import Context, experiment_name
@@ -30,11 +31,9 @@ class Outcome:
 
 
 def _no_decision(ctx: Context, problems: list[str]) -> Outcome:
-    out_dir = ctx.workdir / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "report.md"
-    path.write_text("# specflow decision report\n\nNo decision: the data cannot carry one.\n\n"
-                    + "\n".join(f"- {p}" for p in problems) + "\n")
+    path = ctx.workdir / "report" / "report.md"
+    atomic_write(path, "# specflow decision report\n\nNo decision: the data cannot carry one.\n\n"
+                 + "\n".join(f"- {p}" for p in problems) + "\n")
     return Outcome(False, problems, path, [], [], [])
 
 
