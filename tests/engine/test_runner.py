@@ -9,6 +9,7 @@ timeout. The pure helpers are tested without an engine.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -16,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -27,9 +29,11 @@ import pytest
 
 from specflow.config.compose import load_plan
 from specflow.core.compile import EngineConfig
+from specflow.core.memory import headroom
 from specflow.core.records import Measurement
 from specflow.core.schema import EndpointBackend, LocalBackend
 from specflow.engine import metrics
+from specflow.engine.launcher import vllm_command
 from specflow.engine.loadgen import bench_env, driver_python
 from specflow.engine.runner import (
     Window,
@@ -40,6 +44,7 @@ from specflow.engine.runner import (
 )
 from specflow.engine.server import (
     classify_exit,
+    free_port,
     group_members,
     http_get,
     pid_alive,
@@ -180,12 +185,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> dict[s
     root = tiny_models
     loaded, plan = load_plan([
         "experiment=cpu_demo", f"paths.models={root}",
-        "drafter=[none,ngram,draft_model,draft_model_derived,draft_model_random]",
+        "drafter=[none,ngram,draft_model,draft_model_derived,draft_model_random,eagle3]",
         f"sweep.num_speculative_tokens.ngram=[{N}]",
         # lookups from one token on, so ngram drafts on the tiny model's output at all
         "drafter.ngram.prompt_lookup_min=1", "drafter.ngram.prompt_lookup_max=3",
         f"sweep.num_speculative_tokens.draft_model=[{N}]",
-        "target.max_model_len=512", "backend.engine.max_num_seqs=8"])
+        "+sweep.num_speculative_tokens.eagle3=[2]",
+        # a KV budget and a max_model_len that is not a multiple of the CPU block size (128):
+        # vLLM reports int(num_blocks / ceil(1000 / 128) * 1000), which headroom must reproduce
+        "target.max_model_len=1000", "backend.engine.kv_cache_memory_bytes=50000000",
+        "backend.engine.max_num_seqs=8"])
     work = tmp_path_factory.mktemp("work")
     dataset = work / "code.jsonl"
     lines = [f"def f{i}(x):\n    y = x + {i}\n    y = x + {i}\n    return y * {i}\n"
@@ -194,7 +203,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> dict[s
     backend = loaded.spec.backend
     assert isinstance(backend, LocalBackend)
     return {"ecs": {e.name: e for e in plan.engine_configs}, "backend": backend,
-            "dataset": dataset, "work": work}
+            "dataset": dataset, "work": work, "spec": loaded.spec}
 
 
 def _window(setup: dict[str, Any], **kw: Any) -> Window:
@@ -461,3 +470,61 @@ def test_readiness_timeout_is_a_hang(setup: dict[str, Any]) -> None:
     assert [a["outcome"] for a in record["attempts"]] == ["hang"]
     assert record["survivors"] == [] and _alive(record) == []
 
+
+
+# ----------------------------------------------------------------------------- headroom
+
+KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
+
+
+def _logged_kv_tokens(log: Path) -> int:
+    found = KV_LINE.search(log.read_text(errors="replace"))
+    assert found, f"no KV cache line in {log}"
+    return int(found.group(1).replace(",", ""))
+
+
+def _kv_tokens_at_start(argv: list[str], log: Path, timeout: float = 300) -> int:
+    """Start an engine only until it prints its KV-cache line, then kill it."""
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, HF_HUB_OFFLINE="1"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if KV_LINE.search(log.read_text(errors="replace")):
+                return _logged_kv_tokens(log)
+            time.sleep(0.5)
+        return _logged_kv_tokens(log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.engine
+def test_estimated_kv_capacity_equals_vllm_log(setup: dict[str, Any],
+                                               baseline: dict[str, list[Measurement]],
+                                               copy_on_busy_port: dict[str, Any],
+                                               random_killed: dict[str, Any],
+                                               derived: list[Measurement], tmp_path: Path) -> None:
+    """headroom's KV token estimate equals the capacity vLLM printed at each start of this
+    module (target alone, with a full-size copy, a 1-layer and a derived drafter), and at one
+    more start that only reaches that line (an EAGLE-3 head)."""
+    logs = {"baseline": baseline["baseline"][0], f"draft_model-n{N}": copy_on_busy_port["ms"][0],
+            f"draft_model_random-n{N}": random_killed["first"],
+            f"draft_model_derived-n{N}": derived[0]}
+    reported = {name: _logged_kv_tokens(Path(m.artifacts["engine_log"]))
+                for name, m in logs.items()}
+    eagle = setup["ecs"]["eagle3-n2"]
+    argv = [*vllm_command(), *eagle.serve_argv[1:], "--host", "127.0.0.1", "--port",
+            str(free_port("127.0.0.1"))]
+    reported["eagle3-n2"] = _kv_tokens_at_start(argv, tmp_path / "eagle3.log")
+    seen = {}
+    for name, tokens in reported.items():
+        estimate = headroom(setup["spec"], setup["ecs"][name]).capacity
+        seen[name] = (estimate.tokens, tokens)
+        assert abs(estimate.tokens - tokens) <= estimate.block_size, seen
+    print("estimated vs reported KV tokens:", seen)
+    assert seen["baseline"][1] == 23_750  # 50,000,000 bytes of the tiny target's KV at 1000
+    # the drafters cost capacity, and the estimate says how much
+    assert seen[f"draft_model-n{N}"][1] < seen["eagle3-n2"][1] < seen["baseline"][1]
