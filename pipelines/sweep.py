@@ -20,8 +20,7 @@ from specflow import steps
 @task(name="prepare", task_run_name="prepare {overrides}", cache_policy=NO_CACHE)
 def prepare(overrides: list[str]) -> dict[str, Any]:
     ctx = steps.open_sweep(overrides)
-    synced = steps.sync(ctx)
-    return {"plan_hash": ctx.plan.hash, "sweep_id": ctx.sid, "synced": synced,
+    return {"plan_hash": ctx.plan.hash, "sweep_id": ctx.sid, "synced": ctx.synced,
             "engines": [(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
             "headroom": {h: r.verdict for h, r in ctx.headroom.items()},
             "tracking_error": ctx.tracking_error, "notes": ctx.notes}

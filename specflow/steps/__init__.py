@@ -13,11 +13,10 @@ from specflow.steps.measure import (
     measurements,
     missing,
     run_closing_baseline,
-    sync,
 )
 
 __all__ = [
     "Context", "EngineStartFailed", "OnPoint", "Outcome", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
-    "run_closing_baseline", "sync",
+    "run_closing_baseline",
 ]

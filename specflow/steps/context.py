@@ -3,7 +3,8 @@
 Opening validates and compiles the config, checks it against the installed vLLM, builds the tiny
 local models when the spec points at them, computes headroom, materialises the workloads into
 the sweep's directory (content-addressed, so a second open finds them) and reopens the sweep's
-MLflow parent run (found by its sweep-id tag). Nothing is cached in the process.
+MLflow parent run (found by its sweep-id tag), pushing the windows an earlier step or run kept
+locally while MLflow was unreachable. Nothing is cached in the process.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from specflow.config.artifact import artifact_config
 from specflow.config.compose import Loaded, load_plan
 from specflow.core.compile import EngineConfig, SweepPlan
 from specflow.core.errors import Problem, SpecError
@@ -53,6 +53,8 @@ class Context:
     tracker: Tracker | None = None
     parent_run_id: str | None = None
     tracking_error: str | None = None
+    synced: int = 0
+    """Windows kept locally by an earlier step or run and pushed to MLflow on opening."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -90,6 +92,16 @@ class Context:
                         "run", first, self.ledger.points)
         self.tracking_error = first
         self.tracker = None
+
+    def push_unlogged(self) -> int:
+        """Log the windows MLflow has not received (kept while it was unreachable)."""
+        pushed = 0
+        for entry in self.ledger.unlogged():
+            if self.tracker is None:
+                break
+            self.log(entry.measurement)
+            pushed += self.tracker is not None
+        return pushed
 
     def log(self, m: Measurement) -> None:
         """Log one window to MLflow (idempotent: its child run is found again by point id)."""
@@ -210,7 +222,8 @@ def _open_tracking(ctx: Context) -> None:
         ctx.tracker.check()
         run_name = f"sweep {ctx.plan.target} on {ctx.plan.hardware} ({ctx.plan.hash[:8]})"
         ctx.parent_run_id = ctx.tracker.parent(
-            ctx.sid, ctx.plan, OmegaConf.to_yaml(OmegaConf.create(ctx.loaded.raw)),
+            ctx.sid, ctx.plan, artifact_config(ctx.loaded),
             pins(ctx.loaded, ctx.facts), run_name)
+        ctx.synced = ctx.push_unlogged()
     except Exception as exc:  # noqa: BLE001 - any store failure: keep results locally, sync next run
         ctx.went_offline(exc)

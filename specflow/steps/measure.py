@@ -1,5 +1,5 @@
-"""Measure one engine config (every missing window on one engine start), the closing baseline,
-and push windows MLflow has not received yet."""
+"""Measure one engine config (every missing window on one engine start) and the closing
+baseline."""
 
 from __future__ import annotations
 
@@ -88,14 +88,3 @@ def measurements(ctx: Context) -> list[Measurement]:
     """This plan's opening measurements (latest per point)."""
     keys = {w.key(ec).id for ec in ctx.plan.engine_configs for w in ctx.windows}
     return [m for m in ctx.ledger.measurements() if m.key.id in keys]
-
-
-def sync(ctx: Context) -> int:
-    """Push windows MLflow has not received (an earlier run was offline); returns how many."""
-    pushed = 0
-    for entry in ctx.ledger.unlogged():
-        if ctx.tracker is None:
-            break
-        ctx.log(entry.measurement)
-        pushed += ctx.tracker is not None
-    return pushed

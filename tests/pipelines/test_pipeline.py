@@ -155,53 +155,104 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+class MlflowServer:
+    """A real `mlflow server` on loopback (sqlite store in a temp dir) that can be killed and
+    started again on the same port and store."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.port, self.proc = tmp, _closed_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        log = open(self.tmp / "mlflow-server.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+             str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.tmp / 'mlflow-server.db'}",
+             "--default-artifact-root", (self.tmp / "server-artifacts").as_uri()],
+            cwd=self.tmp, env=_env(self.tmp), stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.tmp / "mlflow-server.log").read_text()[-2000:]
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        pytest.fail("mlflow server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=60)
+
+
 @pytest.mark.engine
-def test_killed_flow_with_mlflow_down_resumes_missing_points_and_syncs(tmp_path: Path,
-                                                                      models: Path) -> None:
-    """Run 1: MLflow unreachable, the flow killed after some windows. Run 2: MLflow up.
-    Run 2 measures only the missing windows (counted by engine starts) and pushes the windows
-    run 1 kept locally, so MLflow ends with exactly one child per point."""
+def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: Path,
+                                                                     models: Path) -> None:
+    """Run 1 logs to a real MLflow server, which is SIGKILLed after the first window; the flow
+    itself is SIGKILLed once the baseline is measured. Run 2, with the server back: only the
+    missing windows are measured (counted by engine starts), the windows kept locally are
+    pushed, and MLflow ends with exactly one finished child per point and no run RUNNING."""
+    from mlflow.tracking import MlflowClient
+
     args = ["drafter=[none,ngram]", "+sweep.num_speculative_tokens.ngram=[2]",
             "sweep.closing_baseline_repeats=0"]
-    down = f"http://127.0.0.1:{_closed_port()}"
+    server = MlflowServer(tmp_path)
+    server.start()
     proc = subprocess.Popen([sys.executable, "-m", "specflow", *_args(tmp_path, models, *args,
-                                                                       uri=down)],
+                                                                       uri=server.uri)],
                             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 600
-    try:  # kill the whole flow (Prefect, engine, load generator) once the first windows are in
+    try:  # kill MLflow after the first logged window, the flow once the baseline is in
         while time.monotonic() < deadline:
             sweeps = tmp_path / "work" / "sweeps"
-            if sweeps.is_dir() and any(sweeps.iterdir()) and \
-                    sum(e.measurement.ok for e in _ledger(tmp_path).entries()) >= 2:
+            entries = list(_ledger(tmp_path).entries()) if sweeps.is_dir() and any(
+                sweeps.iterdir()) else []
+            if any(e.logged for e in entries):
+                server.kill()
+            if sum(e.measurement.ok for e in entries) >= 2:
                 break
             assert proc.poll() is None, "the flow ended before it could be killed"
-            time.sleep(0.5)
+            time.sleep(0.3)
         else:
             pytest.fail("no finished window within the time limit")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+        server.kill()
     # nothing the killed flow started outlives it (engines run in their own process group)
     deadline = time.monotonic() + 60
     while _processes_using(models) and time.monotonic() < deadline:
         time.sleep(1)
     assert not _processes_using(models), _processes_using(models)
     kept = [e for e in _ledger(tmp_path).entries() if e.measurement.ok]
-    assert kept and not any(e.logged for e in kept)  # MLflow was down: kept locally only
+    assert any(e.logged for e in kept) and not all(e.logged for e in kept), \
+        "the server died between two windows: one logged, one kept locally"
     starts_before = _count_starts(tmp_path)
     assert starts_before >= 1
-    proc2 = _run(tmp_path, _args(tmp_path, models, *args))
-    assert proc2.returncode in (0, 1), proc2.stderr[-3000:]
-    ledger = _ledger(tmp_path)
-    done = [e for e in ledger.entries() if e.measurement.ok]
-    assert len(done) == 4 and all(e.logged for e in done)
-    # the baseline had finished before the kill: only the ngram engine started again
-    assert _count_starts(tmp_path) - starts_before == 1
-    _, children = _runs(tmp_path)
-    assert len(children) == 4  # one child per point, none duplicated by the resume
+
+    server.start()
+    try:
+        proc2 = _run(tmp_path, _args(tmp_path, models, *args, uri=server.uri))
+        assert proc2.returncode in (0, 1), proc2.stderr[-3000:]
+        ledger = _ledger(tmp_path)
+        done = [e for e in ledger.entries() if e.measurement.ok]
+        assert len(done) == 4 and all(e.logged for e in done)
+        # the baseline had finished before the kill: only the ngram engine started again
+        assert _count_starts(tmp_path) - starts_before == 1
+        client = MlflowClient(tracking_uri=server.uri)
+        (exp,) = [e for e in client.search_experiments() if e.name == "specflow/tiny/cpu"]
+        runs = client.search_runs([exp.experiment_id], max_results=1000)
+    finally:
+        server.kill()
+    children = [r for r in runs if r.data.tags.get("specflow.kind") == "point"]
+    parents = [r for r in runs if r.data.tags.get("specflow.kind") == "sweep"]
+    assert len(parents) == 1 and len(children) == 4  # none duplicated by the resume
     assert sorted(c.data.tags["specflow.point_id"] for c in children) == sorted(
         e.measurement.key.id for e in done)
+    assert {r.info.status for r in runs} == {"FINISHED"}, "no run left RUNNING"
     by_id = {c.data.tags["specflow.point_id"]: c for c in children}
     for e in kept:  # what run 1 measured reached MLflow unchanged
         assert by_id[e.measurement.key.id].data.metrics["output_throughput"] == \
