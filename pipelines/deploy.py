@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.sweep import sweep_flow
+from specflow.core.errors import SpecError, report
 
 DEFAULT_CRON = "0 3 * * *"
 
@@ -27,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from specflow.config.compose import load_plan
 
-    load_plan(args.overrides)  # refuse an invalid config before serving it on a schedule
+    try:
+        load_plan(args.overrides)  # refuse an invalid config before serving it on a schedule
+    except SpecError as exc:
+        return report(exc, sys.stderr)
+    from pipelines.sweep import sweep_flow
+
     sweep_flow.serve(name=args.name, cron=args.cron, limit=args.limit,
                      parameters={"overrides": args.overrides,
                                  "run_label": " ".join(args.overrides) or "defaults"},

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.core.errors import EXIT_INVALID, Problem, SpecError, did_you_mean, one_of, report
 
 if TYPE_CHECKING:
     from specflow.config.compose import Loaded
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 Flags = dict[str, Any]
 """Parsed options: help, cfg, no_probe, json, args (restore's positional arguments)."""
-
-EXIT_INVALID = 2
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -225,8 +223,20 @@ def cmd_restore(overrides: list[str], flags: Flags) -> int:
         raise SpecError([Problem("restore", "needs a traffic class and optionally a version",
                                  args, "restore CLASS [VERSION] [overrides]")])
     output_dir = load(overrides).spec.promote.output_dir
+    traffic_class, version = args[0], (args[1] if len(args) > 1 else None)
+    problems = []
+    if not promote.is_plain_name(traffic_class):
+        problems.append(Problem("restore CLASS", "not a plain traffic class name", traffic_class,
+                                promote.PLAIN))
+    if version is not None and not promote.is_plain_name(version):
+        known = promote.history(output_dir, traffic_class) if not problems else []
+        problems.append(Problem("restore VERSION", "not a plain version name", version,
+                                f"a version of {traffic_class}: {one_of(known)}" if known
+                                else promote.PLAIN))
+    if problems:
+        raise SpecError(problems)
     try:
-        p = promote.restore(output_dir, args[0], args[1] if len(args) > 1 else None)
+        p = promote.restore(output_dir, traffic_class, version)
     except promote.PromotionError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
@@ -268,5 +278,4 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _print_cfg(overrides, str(flags["cfg"]))
         return COMMANDS[command](overrides, flags)
     except SpecError as exc:
-        err.print(exc.render(), markup=False)
-        return EXIT_INVALID
+        return report(exc, sys.stderr)

@@ -21,7 +21,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from specflow.core.compile import Catalog, SweepPlan, compile_plan
-from specflow.core.errors import Problem, ProblemError, Raw, SpecError, did_you_mean, one_of
+from specflow.core.errors import (
+    Problem,
+    ProblemError,
+    Raw,
+    SpecError,
+    did_you_mean,
+    one_of,
+    redact_secrets,
+)
 from specflow.core.schema import Spec
 
 GROUPS = ("target", "drafter", "hardware", "workload", "sweep", "promote", "backend", "experiment")
@@ -54,6 +62,8 @@ class Loaded:
     choices: dict[str, Any]
     overrides: tuple[str, ...]
     raw: dict[str, Any] = field(repr=False)
+    unresolved: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The composed config before interpolation (`${oc.env:...}` kept as text), for artifacts."""
 
 
 class PartialSpecError(SpecError):
@@ -78,12 +88,13 @@ class Sources:
     overrides: tuple[str, ...]
 
     def __call__(self, path: str) -> str:
+        path = re.sub(r"\[(\d+)\]", r".\1", path)  # layers[0].count, as typed: layers.0.count
         for ov in self.overrides:
             key = ov.split("=", 1)[0].lstrip("+~")
             if "=" in ov and key not in GROUPS and (
                 path == key or path.startswith((key + ".", key + "[")) or key.startswith(path + ".")
             ):
-                return f"override {ov}"
+                return f"override {redact_secrets(ov)}"
         experiment = self.choices.get("experiment")
         overlay = self.root / "experiment" / f"{experiment}.yaml"
         if experiment and _has_path(_read_yaml(overlay), path):
@@ -109,7 +120,7 @@ def _read_yaml_cached(path: str, mtime: float) -> Any:
 def _read_yaml(path: Path) -> Any:
     try:
         return _read_yaml_cached(str(path), path.stat().st_mtime)
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
 
 
@@ -171,6 +182,12 @@ def walk(loc: Sequence[str | int], root: type[BaseModel] = Spec) -> tuple[list[s
                 continue
             tp = members[0]
         origin = typing.get_origin(tp)
+        if origin in (typing.Union, types.UnionType):  # str | int | ...: pydantic names the member
+            by_name = {getattr(a, "__name__", str(a)): a for a in typing.get_args(tp)}
+            if part in by_name:
+                tp = by_name[part]
+                i += 1
+                continue
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             info = tp.model_fields.get(str(part))
             tp = info.annotation if info else None
@@ -271,7 +288,13 @@ def problems_from_validation(err: ValidationError, sources: Sources | None = Non
                                   else "missing kind", got, one_of(tags), did_you_mean(got, tags))
             elif kind in _RANGE:
                 bound = next(iter(ctx.values()), "")
+                if isinstance(bound, float) and abs(bound) >= 1e6:
+                    bound = f"{bound:g}"
                 problem = Problem(path, "out of range", got, f"a value {_RANGE[kind]} {bound}")
+            elif kind == "finite_number":
+                problem = Problem(path, "not a finite number", got, "a finite number")
+            elif kind == "int_parsing_size":
+                problem = Problem(path, "out of range", got, "an integer of sensible size")
             elif kind in ("too_short", "string_too_short"):
                 n = ctx.get("min_length", 1)
                 what = "character" if kind == "string_too_short" else "item"
@@ -290,8 +313,22 @@ def problems_from_validation(err: ValidationError, sources: Sources | None = Non
         if sources is not None:
             problem = Problem(problem.path, problem.problem, problem.got, problem.expected,
                               problem.suggestion, sources(problem.path))
+        if out and out[-1].path == problem.path and kind != "extra_forbidden" \
+                and len(walk(loc, root)[0]) < len(loc):
+            out[-1] = _either(out[-1], problem)  # one value against each member of a union
+            continue
         out.append(problem)
     return out
+
+
+def _either(a: Problem, b: Problem) -> Problem:
+    """One problem for a value no member of a union accepts: the member whose type matched
+    says why (e.g. not finite), else a wrong type with every member's expectation."""
+    specific = [p for p in (a, b) if p.problem != "wrong type"]
+    if specific:
+        return specific[0]
+    expected = a.expected if b.expected in a.expected else f"{a.expected} or {b.expected}"
+    return Problem(a.path, a.problem, a.got, expected, a.suggestion, a.source)
 
 
 def _from_value_error(error: object, user_path: Sequence[str | int], got: Any, msg: str
@@ -321,14 +358,14 @@ def _check_overrides(overrides: Sequence[str], root: Path) -> tuple[list[Problem
             (ov,) = parser.parse_overrides([text])
         except OverrideParseException as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
-            problems.append(Problem(f"override {text!r}", f"cannot parse ({first})", text,
+            problems.append(Problem(f"override '{text}'", f"cannot parse ({first})", text,
                                     "key=value, group=option or group=[a,b]"))
             continue
         key = ov.key_or_group
         group = key.split("@", 1)[0]
         source = f"override {text}"
         if not _KEY.fullmatch(key):
-            problems.append(Problem(f"override {text!r}", "malformed key", key,
+            problems.append(Problem(f"override '{text}'", "malformed key", key,
                                     "a dotted key such as sweep.repeats", source=source))
             continue
         if group in GROUPS and not ov.is_delete():
@@ -352,19 +389,73 @@ def _check_overrides(overrides: Sequence[str], root: Path) -> tuple[list[Problem
             problems.append(Problem(group, "unknown config group", key, one_of(GROUPS),
                                     did_you_mean(group.split("/")[0], GROUPS), source))
             continue
-        if ov.is_add() or ov.is_force_add() or ov.is_delete():
-            good.append(text)  # new keys are checked by the schema after composition
+        if group in GROUPS:  # ~group: drop a group from the defaults list
+            good.append(text)
             continue
+        entry = _entry_problem(key, text, root)
+        if entry is not None:
+            problems.append(entry)
+            continue
+        # added (+, ++) and deleted (~) keys too: a key the schema lacks is refused either way
         parts = key.split(".")
         unknown = _unknown_part(parts)
         if unknown is not None:
             i, allowed = unknown
-            problems.append(Problem(".".join(parts[: i + 1]), "unknown key",
-                                    Raw(text.split("=", 1)[-1]), one_of(allowed),
-                                    did_you_mean(parts[i], allowed), source))
+            problems.append(Problem(".".join(parts[: i + 1]), "unknown key", _value(text),
+                                    one_of(allowed), did_you_mean(parts[i], allowed), source))
             continue
         good.append(text)
     return problems, good
+
+
+def _key(text: str) -> str:
+    """The dotted key an override addresses (`+sweep.x=1` -> `sweep.x`)."""
+    return text.split("=", 1)[0].lstrip("+~")
+
+
+def _prefix(text: str) -> str:
+    """How an override applies: '' (set), '+' (add), '++' (force-add) or '~' (delete)."""
+    return text[: len(text) - len(text.lstrip("+~"))]
+
+
+def _value(text: str) -> Raw:
+    """An override's value as typed (the whole text for `~key`)."""
+    return Raw(text.split("=", 1)[1] if "=" in text else text)
+
+
+def _entry_problem(key: str, text: str, root: Path, chosen: Sequence[str] | None = None
+                   ) -> Problem | None:
+    """An override of a list-group entry (`drafter.<name>...`) naming an entry conf/ lacks or,
+    given the `chosen` entries, one not selected: its value would be dropped without a word."""
+    group, _, rest = key.partition(".")
+    name = rest.split(".", 1)[0]
+    if group not in MULTI or not name:
+        return None
+    known = options(group, root)
+    source = f"override {text}"
+    if name not in known:
+        return Problem(f"{group}.{name}", f"unknown {group}", name, one_of(known),
+                       did_you_mean(name, known), source)
+    if chosen is None or name in chosen:
+        return None
+    return Problem(key, f"{group} {name!r} is not selected, so this override "
+                   "would be ignored", _value(text), f"an entry of a selected {group}, "
+                   f"{one_of(chosen)} (to select it: {group}=[{','.join([*chosen, name])}])",
+                   source=source)
+
+
+def _unselected(overrides: Sequence[str], root: Path, choices: dict[str, Any]) -> list[Problem]:
+    """Command-line overrides of list-group entries that are not selected. (An experiment may
+    tune entries it does not select; only what the user typed is flagged.)"""
+    out: list[Problem] = []
+    for text in overrides:
+        group = _key(text).partition(".")[0]
+        if group in MULTI and _prefix(text) != "~":
+            chosen = selected(group, root, choices, overrides)
+            problem = _entry_problem(_key(text), text, root, chosen or [])
+            if problem is not None and chosen is not None:
+                out.append(problem)
+    return out
 
 
 _KEY = re.compile(r"[A-Za-z_][\w-]*(\.[\w-]+)*(/[\w-]+)*(@[\w.]+)?")
@@ -388,43 +479,19 @@ def _unknown_part(parts: Sequence[str]) -> tuple[int, list[str]] | None:
     return None
 
 
-def _hydra_problem(exc: Exception, overrides: Sequence[str]) -> Problem:
-    """Translate a Hydra composition failure into one problem line."""
-    text = str(exc)
-    m = re.search(r"Could not override '([^']+)'", text)
-    if m:
-        key = m.group(1)
-        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key), None)
-        parent_path, parent_tp = walk(key.split(".")[:-1])
-        allowed = fields_of(parent_tp)
-        if key.split(".")[0] in MULTI and _unknown_part(key.split(".")) is None:
-            return Problem(key, f"{key.split('.')[1]!r} is not selected", Raw(value or ""),
-                           f"a key of a selected {key.split('.')[0]} (select it with "
-                           f"{key.split('.')[0]}=[...])", source=f"override {key}={value}")
-        leaf = key.split(".")[-1]
-        if _unknown_part(key.split(".")) is None:
-            return Problem(key, "adds entries to a mapping, which a plain override cannot do",
-                           Raw(value or ""), f"'++{key}=...' (replace) or "
-                           f"'+{key}.<name>=...' (add one entry)", source=f"override {key}={value}")
-        return Problem(key, "unknown key", Raw(value or ""), one_of(allowed) if allowed else
-                       "an existing key (use +key=value to add one)",
-                       did_you_mean(leaf, allowed), f"override {key}={value}")
-    m = re.search(r"Could not find '([^']+)'", text)
-    if m:
-        group, _, name = m.group(1).rpartition("/")
-        known = options(group) if group in GROUPS else []
-        return Problem(group or m.group(1), f"unknown {group or 'config'}", name, one_of(known),
-                       did_you_mean(name, known))
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return Problem("conf", f"cannot compose ({first})", list(overrides), "a composable config")
-
-
 # --------------------------------------------------------------------------------------------
-# Entry point
+# Hydra's refusals: the override (or conf file) to blame, and one line saying why
 
 
-def compose_raw(overrides: Sequence[str], root: Path) -> tuple[Any, dict]:
-    """Compose conf/ with Hydra; returns (DictConfig with hydra node, choices)."""
+class _Refused(Exception):
+    """Hydra, or the YAML reader under it, refused to compose; `cause` is what it raised."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _compose(overrides: Sequence[str], root: Path) -> tuple[Any, dict]:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -434,12 +501,248 @@ def compose_raw(overrides: Sequence[str], root: Path) -> tuple[Any, dict]:
     try:
         with initialize_config_dir(config_dir=str(root), version_base=None, job_name="specflow"):
             cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException, ValueError, AssertionError) as exc:
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError, ValueError,
+            TypeError, KeyError, IndexError, AssertionError) as exc:
         # AssertionError: Hydra asserts on some malformed overrides instead of raising its own.
-        raise SpecError([_hydra_problem(exc, overrides)]) from None
+        raise _Refused(exc) from exc
     finally:
         GlobalHydra.instance().clear()
     return cfg, dict(cfg.hydra.runtime.choices)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """An exception and the ones it was raised from."""
+    out: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in out:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _reason(exc: BaseException) -> str:
+    """What the exceptions of the chain say, first lines only, each once."""
+    said: list[str] = []
+    for e in _chain(exc):
+        first = str(e).strip().splitlines()[0].rstrip(": ") if str(e).strip() else ""
+        if first and first != "None" and not any(first in line for line in said):
+            said.append(first)
+    return ": ".join(said) or type(exc).__name__
+
+
+# (message pattern naming the key, how the override applies)
+_REFUSALS = [
+    (re.compile(r"Could not override '([^']+)'"), ""),
+    (re.compile(r"Could not append to config\. An item is already at '([^']+)'"), "+"),
+    (re.compile(r"Could not delete from config\. '([^']+)' does not exist"), "~"),
+    (re.compile(r"Could not delete from config\. The value of '([^']+)' is"), "~"),
+    (re.compile(r"Could not delete '([^']+)'"), "~"),
+    (re.compile(r"force-add of config groups is not supported: '\+\+([^=']+)"), "++"),
+]
+_NOT_FOUND = re.compile(r"Could not (?:find|load) '([^']+)'")
+
+
+def _culprit(exc: BaseException, overrides: Sequence[str], root: Path) -> str | None:
+    """The override Hydra refused; None when the conf files themselves do not compose."""
+    if _file_problem(exc, root) is not None:
+        return None
+    text = "\n".join(str(e) for e in _chain(exc))
+    for pattern, prefix in _REFUSALS:
+        m = pattern.search(text)
+        found = [o for o in overrides if m and _key(o) == m.group(1) and _prefix(o) == prefix]
+        if found:
+            return found[-1]
+    m = _NOT_FOUND.search(text)
+    found = [o for o in overrides if m and _key(o) == m.group(1).rpartition("/")[0]]
+    if found:
+        return found[-1]
+    # the message does not say: the first override that makes composition fail
+    for i in range(len(overrides) + 1):
+        try:
+            _compose(overrides[:i], root)
+        except _Refused:
+            return overrides[i - 1] if i else None
+    return None
+
+
+def _compose_problem(exc: BaseException, culprit: str | None, root: Path,
+                     choices: dict[str, Any], overrides: Sequence[str]) -> Problem:
+    """One line for a refusal: the override's key (or the conf file), why, and what would do."""
+    found = _file_problem(exc, root)
+    if found is not None:
+        return found
+    text = "\n".join(str(e) for e in _chain(exc))
+    where = _named_file(text, root)
+    source = f"override {culprit}" if culprit else where
+    m = _NOT_FOUND.search(text)
+    if m and m.group(1).rpartition("/")[0] in GROUPS:
+        group, _, name = m.group(1).rpartition("/")
+        known = options(group, root)
+        return Problem(group, f"unknown {group}", name, one_of(known), did_you_mean(name, known),
+                       source)
+    if m:
+        return Problem(where or "conf", "the defaults list names a config that does not exist",
+                       m.group(1), f"group: option, with group {one_of(GROUPS)}", source=source)
+    if culprit is None or (where and _key(culprit) in GROUPS):  # the file, not the override
+        return Problem(where or "conf", f"cannot compose ({_reason(exc)})",
+                       Raw(culprit) if culprit else Raw("nothing"),
+                       "a mapping of config keys (and a defaults list of group choices)",
+                       source=source or where)
+    key, value = _key(culprit), _value(culprit)
+    prefix = _prefix(culprit)
+    if prefix == "+" and "Could not append" in text:
+        return Problem(key, "already set, so '+' cannot add it", value,
+                       f"'{key}=...' to change it, or '++{key}=...' to set it either way",
+                       source=source)
+    if prefix == "~":
+        m = re.search(r"The value of '[^']+' is (.*) and not (.*)\.", text)
+        if m:
+            return Problem(key, f"cannot delete: its value is {m.group(1)}, not {m.group(2)}",
+                           value, f"'~{key}' (whatever its value) or '~{key}={m.group(1)}'",
+                           source=source)
+        if key in GROUPS:
+            return Problem(key, "cannot delete this group from the defaults list", value,
+                           f"'{key}=...' to choose other entries", source=source)
+        return Problem(key, "nothing to delete: the key is not set", value,
+                       "a key the composed config has (see --cfg job)", source=source)
+    if prefix == "++" and "force-add" in text:
+        return Problem(key, "'++' cannot force-add a config group", value,
+                       f"'{key}=<option>' or '+{key}=<option>'", source=source)
+    if "Could not override" in text:
+        return _not_overridable(key, culprit, root, choices, overrides)
+    return Problem(key, f"cannot apply ({_reason(exc)})", value,
+                   "an override that fits the composed config", source=source)
+
+
+def _not_overridable(key: str, text: str, root: Path, choices: dict[str, Any],
+                     overrides: Sequence[str]) -> Problem:
+    """`key=value` where the composed config has no `key`."""
+    source = f"override {text}"
+    value = _value(text)
+    parts = key.split(".")
+    group = parts[0].split("@", 1)[0]
+    if "@" in parts[0]:
+        return Problem(group, f"no {group} at package {parts[0].split('@', 1)[1]!r} in the "
+                       "defaults list", value, f"'+{key}=<option>' to add one", source=source)
+    if group in MULTI:
+        chosen = selected(group, root, choices, overrides) or []
+        entry = _entry_problem(key, text, root, chosen)
+        if entry is not None:
+            return entry
+    unknown = _unknown_part(parts)
+    if unknown is not None:
+        i, allowed = unknown
+        return Problem(".".join(parts[: i + 1]), "unknown key", value, one_of(allowed),
+                       did_you_mean(parts[i], allowed), source)
+    if typing.get_origin(_strip_optional(walk(parts)[1])) is dict:
+        return Problem(key, "adds entries to a mapping, which a plain override cannot do", value,
+                       f"'++{key}=...' (replace) or '+{key}.<name>=...' (add one entry)",
+                       source=source)
+    return Problem(key, "not set in the composed config, so a plain override cannot change it",
+                   value, f"'+{key}=...' to add it", source=source)
+
+
+def _named_file(text: str, root: Path) -> str:
+    """The conf file a Hydra message names (`In 'experiment/x': ...`), as conf/experiment/x.yaml."""
+    for name in re.findall(r"'([\w./-]+)'", text):
+        if (root / f"{name}.yaml").is_file():
+            return f"conf/{name}.yaml"
+    return ""
+
+
+def _conf_name(path: str | Path, root: Path) -> str:
+    try:
+        return "conf/" + Path(path).resolve().relative_to(root.resolve()).as_posix()
+    except (ValueError, OSError):
+        return str(path)
+
+
+def _file_problem(exc: BaseException, root: Path) -> Problem | None:
+    """A conf file that is not YAML (or not text), named with its line and column."""
+    for e in _chain(exc):
+        if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+            return _yaml_problem(e, root)
+        if isinstance(e, UnicodeDecodeError):
+            return _undecodable(root)
+    return None
+
+
+def _yaml_problem(e: yaml.MarkedYAMLError, root: Path) -> Problem:
+    mark = e.problem_mark
+    assert mark is not None
+    name = _conf_name(mark.name, root)
+    what = e.problem or "malformed"
+    if e.context and e.context_mark is not None and e.context_mark.line != mark.line:
+        what += (f" ({e.context} at line {e.context_mark.line + 1}, "
+                 f"column {e.context_mark.column + 1})")
+    try:
+        lines = Path(mark.name).read_text(encoding="utf-8", errors="replace").splitlines()
+        line: Any = lines[mark.line].rstrip() if mark.line < len(lines) else Raw("end of file")
+    except OSError:
+        line = Raw("nothing readable")
+    if "duplicate key" in what:
+        expected = "each key at most once in a mapping"
+    elif "constructor for the tag" in what:
+        expected = "plain YAML values (no !! tags)"
+    elif "'\\t'" in what:
+        expected = "spaces for indentation, never tabs"
+    else:
+        expected = "valid YAML (consistent indentation, closed brackets and quotes)"
+    return Problem(f"{name}:{mark.line + 1}:{mark.column + 1}", f"invalid YAML: {what}", line,
+                   expected, source=name)
+
+
+def _undecodable(root: Path) -> Problem | None:
+    """The first conf file that is not UTF-8, with the line and column of the bad byte."""
+    for path in sorted(root.rglob("*.yaml")):
+        try:
+            data = path.read_bytes()
+            data.decode("utf-8")
+        except OSError:
+            continue
+        except UnicodeDecodeError as u:
+            line = data.count(b"\n", 0, u.start) + 1
+            column = u.start - (data.rfind(b"\n", 0, u.start) + 1) + 1
+            name = _conf_name(path, root)
+            return Problem(f"{name}:{line}:{column}", f"not UTF-8 text ({u.reason})",
+                           Raw(f"byte 0x{data[u.start]:02x}"), "a UTF-8 text file", source=name)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+
+
+def compose_raw(overrides: Sequence[str], root: Path) -> tuple[Any, dict]:
+    """Compose conf/ with Hydra; returns (DictConfig with hydra node, choices)."""
+    try:
+        return _compose(overrides, root)
+    except _Refused as refused:
+        culprit = _culprit(refused.cause, overrides, root)
+        raise SpecError([_compose_problem(refused.cause, culprit, root, {}, overrides)]
+                        ) from None
+
+
+def _compose_what_composes(overrides: Sequence[str], root: Path
+                           ) -> tuple[Any, dict, list[str], list[Problem]]:
+    """Compose; an override Hydra refuses becomes a problem and the rest is composed again
+    without it, so the other overrides are still checked in the same run. Returns the config,
+    the choices, the overrides composed and the problems of those refused."""
+    todo = list(overrides)
+    refused: list[tuple[str, BaseException]] = []
+    while True:
+        try:
+            cfg, choices = _compose(todo, root)
+            break
+        except _Refused as exc:
+            culprit = _culprit(exc.cause, todo, root)
+            if culprit is None:  # the conf files themselves: nothing more can be checked
+                raise SpecError([
+                    *(_compose_problem(e, c, root, {}, overrides) for c, e in refused),
+                    _compose_problem(exc.cause, None, root, {}, todo)]) from None
+            refused.append((culprit, exc.cause))
+            todo.remove(culprit)
+    return cfg, choices, todo, [_compose_problem(e, c, root, choices, todo) for c, e in refused]
 
 
 def _listed(value: Any) -> list[str] | None:
@@ -469,8 +772,9 @@ def selected(group: str, root: Path, choices: dict[str, Any], overrides: Sequenc
         files.append(root / "experiment" / f"{choices['experiment']}.yaml")
     files.append(root / "config.yaml")
     for path in files:
-        data = _read_yaml(path) or {}
-        for item in data.get("defaults") or []:
+        data = _read_yaml(path)
+        defaults = data.get("defaults") if isinstance(data, dict) else None
+        for item in defaults if isinstance(defaults, list) else []:
             if isinstance(item, dict):
                 for key, value in item.items():
                     if key.replace("override ", "").strip().lstrip("/") == group:
@@ -499,7 +803,8 @@ def to_plain(cfg: Any, choices: dict[str, Any], sources: Sources) -> dict[str, A
                                  source=sources(key))]) from None
     assert isinstance(data, dict)
     data.pop("hydra", None)
-    data.pop("experiment", None)
+    if not data.get("experiment"):  # content under `experiment:` is an unknown key
+        data.pop("experiment", None)
     for group in ("target", "hardware"):
         if isinstance(data.get(group), dict) and isinstance(choices.get(group), str):
             data[group].setdefault("name", choices[group])
@@ -520,7 +825,8 @@ def load(overrides: Sequence[str] = (), root: Path | None = None) -> Loaded:
     overrides = tuple(overrides)
     problems, good = _check_overrides(overrides, root)
     try:
-        cfg, choices = compose_raw(good, root)
+        cfg, choices, composed, refused = _compose_what_composes(good, root)
+        problems += refused + _unselected(composed, root, choices)
         sources = Sources(root, choices, overrides)
         data = to_plain(cfg, choices, sources)
     except SpecError as err:
@@ -529,7 +835,10 @@ def load(overrides: Sequence[str] = (), root: Path | None = None) -> Loaded:
         spec = Spec.model_validate(data)
     except ValidationError as err:
         raise SpecError(problems + problems_from_validation(err, sources)) from None
-    loaded = Loaded(spec, choices, overrides, data)
+    from omegaconf import OmegaConf
+
+    unresolved = OmegaConf.to_container(cfg, resolve=False)  # to_plain removed Hydra's node
+    loaded = Loaded(spec, choices, overrides, data, unresolved)
     if problems:
         raise PartialSpecError(problems, loaded)
     return loaded

@@ -8,11 +8,32 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
+
+EXIT_INVALID = 2
+"""Exit status of every entry point that refuses an invalid configuration."""
 
 _MISSING = object()
+
+_SECRET_VALUE = re.compile(r"""(--(?:api[-_]k|hf[-_]t)[\w-]*(?:=|['"]?\s*,\s*|\s+))"""  # option
+                           r"""(?!['"]?-)(?:'[^']*'|"[^"]*"|[^,\]\s'"]+)""")  # its value
+"""A secret option's value inside free text (an override, a command line)."""
+
+
+def redact_secrets(text: str) -> str:
+    """`text` with the values of secret options replaced by `***` (for messages)."""
+    return _SECRET_VALUE.sub(r"\1***", text)
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters and line breaks escaped (`\\n`, `\\x1b`, `\\u2028`), so a
+    problem stays on one line and no input can move the cursor or colour the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def show(value: Any, limit: int = 80) -> str:
@@ -61,7 +82,8 @@ class Problem:
         if self.suggestion:
             parts.append(f"did you mean {self.suggestion!r}?")
         line = "; ".join(parts)
-        return f"{line} [{self.source}]" if self.source else line
+        # no secret a user typed (an override, extra_args) is ever echoed back
+        return redact_secrets(one_line(f"{line} [{self.source}]" if self.source else line))
 
 
 class Raw(str):
@@ -93,3 +115,10 @@ class SpecError(Exception):
         n = len(self.problems)
         head = f"invalid configuration: {n} problem{'s' if n != 1 else ''}"
         return "\n".join([head, *(f"  - {p.render()}" for p in self.problems)])
+
+
+def report(exc: SpecError, stream: TextIO) -> int:
+    """Write the problems the way every entry point does (plain text, one line each, nothing
+    interpreted as markup or emoji) and return `EXIT_INVALID`."""
+    stream.write(exc.render() + "\n")
+    return EXIT_INVALID

@@ -12,10 +12,24 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specflow.core.errors import Problem, ProblemError, Raw
+from specflow.core.errors import Problem, ProblemError, Raw, one_of
 
-PositiveInt = Annotated[int, Field(ge=1)]
-"""An integer >= 1 (list items: N values, concurrency levels)."""
+PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
+"""An integer >= 1 (list items: N values, concurrency levels, batch sizes), bounded so that
+the memory model's arithmetic stays finite."""
+
+Dim = Annotated[int, Field(ge=1, le=1_048_576)]
+"""A model dimension (width, heads, head size, layers, rank): >= 1 and at most 2**20, far above
+any real checkpoint, so that absurd input is refused instead of overflowing the memory model."""
+
+Params = Annotated[float, Field(gt=0, le=1e14)]
+"""A parameter count: positive and at most 1e14 (100 trillion)."""
+
+Seconds = Annotated[float, Field(gt=0, le=604_800)]
+"""A timeout in seconds: positive and at most a week."""
+
+Millis = Annotated[float, Field(gt=0, le=86_400_000)]
+"""A latency objective in milliseconds: positive and at most a day."""
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 """Weight/activation dtypes vLLM accepts for `--dtype`."""
@@ -56,8 +70,10 @@ TrafficClass = Literal[
 
 
 class _Model(BaseModel):
+    # allow_inf_nan=False: every float (and float in a mapping) is finite
     model_config = ConfigDict(
-        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
+        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True,
+        allow_inf_nan=False,
     )
 
 
@@ -70,11 +86,11 @@ class FullAttention(_Model):
 
     kind: Literal["full_attention"] = "full_attention"
     """Layer kind discriminator."""
-    count: int = Field(ge=1)
+    count: Dim
     """Number of layers of this kind."""
-    num_kv_heads: int = Field(ge=1)
+    num_kv_heads: Dim
     """KV heads per layer (before tensor parallelism)."""
-    head_dim: int = Field(ge=1)
+    head_dim: Dim
     """Size of one attention head."""
 
 
@@ -83,13 +99,13 @@ class SlidingWindow(_Model):
 
     kind: Literal["sliding_window"] = "sliding_window"
     """Layer kind discriminator."""
-    count: int = Field(ge=1)
+    count: Dim
     """Number of layers of this kind."""
-    num_kv_heads: int = Field(ge=1)
+    num_kv_heads: Dim
     """KV heads per layer (before tensor parallelism)."""
-    head_dim: int = Field(ge=1)
+    head_dim: Dim
     """Size of one attention head."""
-    window: int = Field(ge=1)
+    window: int = Field(ge=1, le=134_217_728)
     """Sliding-window length in tokens."""
 
 
@@ -98,11 +114,11 @@ class MultiLatentAttention(_Model):
 
     kind: Literal["mla"] = "mla"
     """Layer kind discriminator."""
-    count: int = Field(ge=1)
+    count: Dim
     """Number of layers of this kind."""
-    kv_lora_rank: int = Field(ge=1)
+    kv_lora_rank: Dim
     """Width of the compressed KV latent."""
-    qk_rope_head_dim: int = Field(ge=0)
+    qk_rope_head_dim: int = Field(ge=0, le=1_048_576)
     """Width of the decoupled rope key stored beside the latent."""
 
 
@@ -111,17 +127,17 @@ class LinearAttention(_Model):
 
     kind: Literal["linear_attention"] = "linear_attention"
     """Layer kind discriminator."""
-    count: int = Field(ge=1)
+    count: Dim
     """Number of layers of this kind."""
-    num_key_heads: int = Field(ge=1)
+    num_key_heads: Dim
     """Key heads of the recurrent state."""
-    num_value_heads: int = Field(ge=1)
+    num_value_heads: Dim
     """Value heads of the recurrent state."""
-    key_head_dim: int = Field(ge=1)
+    key_head_dim: Dim
     """Key head size."""
-    value_head_dim: int = Field(ge=1)
+    value_head_dim: Dim
     """Value head size."""
-    conv_kernel: int = Field(default=4, ge=1)
+    conv_kernel: int = Field(default=4, ge=1, le=1024)
     """Short causal convolution kernel length (its state is kernel-1 positions)."""
 
 
@@ -134,19 +150,19 @@ LayerGroup = Annotated[
 class Architecture(_Model):
     """Architecture facts of a checkpoint, as its config.json states them."""
 
-    hidden_size: int = Field(ge=1)
+    hidden_size: Dim
     """Model width."""
-    num_attention_heads: int = Field(ge=1)
+    num_attention_heads: Dim
     """Query heads per layer."""
-    vocab_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1, le=16_777_216)
     """Vocabulary size (draft_model drafters must match the target's)."""
-    num_params: float = Field(gt=0)
+    num_params: Params
     """Total parameter count (all experts), e.g. 8.19e9."""
-    active_params: float | None = Field(default=None, gt=0)
+    active_params: Params | None = None
     """Parameters active per token for MoE models; null for dense models."""
     layers: list[LayerGroup] = Field(default_factory=list)
     """Attention layers grouped by kind. Empty for a drafter that keeps no KV of its own."""
-    mtp_depth: int = Field(default=0, ge=0)
+    mtp_depth: int = Field(default=0, ge=0, le=64)
     """Native multi-token-prediction layers (num_nextn_predict_layers / mtp_num_hidden_layers)."""
     kv_shared: bool = False
     """True when the checkpoint's attention reads the target's KV cache (Gemma 4 assistant)."""
@@ -183,7 +199,7 @@ class TargetSpec(_Model):
     """KV-cache dtype passed as --kv-cache-dtype."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     """Tensor-parallel degree of the target."""
-    max_model_len: int = Field(ge=16)
+    max_model_len: int = Field(ge=16, le=134_217_728)
     """Context length the server is started with (--max-model-len)."""
     trust_remote_code: bool = False
     """Allow the checkpoint's own Python code to run. Off unless a config asks for it."""
@@ -191,6 +207,18 @@ class TargetSpec(_Model):
     """True when `model` is fetched from a hub; false for locally built models."""
     arch: Architecture
     """Architecture facts for the memory model."""
+
+    @model_validator(mode="after")
+    def _has_layers(self) -> TargetSpec:
+        # A drafter may keep no KV of its own; a served model always has layers the cache holds.
+        if not self.arch.layers:
+            kinds = [m.model_fields["kind"].default for m in
+                     (FullAttention, SlidingWindow, MultiLatentAttention, LinearAttention)]
+            raise ProblemError(Problem(
+                "arch.layers", "a target needs at least one layer group (the KV cache and the "
+                "memory headroom are sized from them)", [],
+                f"at least 1 item, each of kind {one_of(kinds)}"))
+        return self
 
 
 class Checkpoint(_Model):
@@ -215,7 +243,7 @@ class DrafterSpec(_Model):
     """Whether the method loads draft weights of its own (checked against the method table)."""
     drafting: Drafting
     """How it drafts: none, lookup, sequential or parallel (checked against the method table)."""
-    depth: int | None = Field(default=None, ge=1)
+    depth: int | None = Field(default=None, ge=1, le=1024)
     """Prediction depth (MTP layers) or block size (parallel drafters); null when unbounded."""
     vendors: list[Vendor] = Field(min_length=1)
     """Hardware vendors it is known to run on."""
@@ -250,11 +278,11 @@ class HardwareSpec(_Model):
     """The name the driver reports (used to match a probed device)."""
     device_count: int = Field(default=1, ge=1, le=64)
     """Devices available to the server."""
-    memory_gib_per_device: float = Field(gt=0)
+    memory_gib_per_device: float = Field(gt=0, le=65_536)
     """Total memory per device in GiB, as the driver reports it."""
-    memory_bandwidth_tbps: float = Field(gt=0)
+    memory_bandwidth_tbps: float = Field(gt=0, le=1_000)
     """Memory bandwidth per device in TB/s."""
-    bf16_tflops: float = Field(gt=0)
+    bf16_tflops: float = Field(gt=0, le=1_000_000)
     """Dense BF16 compute per device in TFLOP/s."""
 
 
@@ -391,13 +419,13 @@ class SweepSpec(_Model):
 class SloSpec(_Model):
     """Latency objectives a promoted config must meet (null: no objective)."""
 
-    p99_tpot_ms: float | None = Field(default=None, gt=0)
+    p99_tpot_ms: Millis | None = None
     """Upper bound on p99 time per output token."""
-    p99_ttft_ms: float | None = Field(default=None, gt=0)
+    p99_ttft_ms: Millis | None = None
     """Upper bound on p99 time to first token."""
-    p99_itl_ms: float | None = Field(default=None, gt=0)
+    p99_itl_ms: Millis | None = None
     """Upper bound on p99 inter-token latency."""
-    p99_e2el_ms: float | None = Field(default=None, gt=0)
+    p99_e2el_ms: Millis | None = None
     """Upper bound on p99 end-to-end latency."""
 
 
@@ -443,13 +471,13 @@ class EngineSpec(_Model):
 
     gpu_memory_utilization: float = Field(default=0.92, gt=0.0, le=1.0)
     """Fraction of device memory vLLM may use."""
-    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, le=2**50)
     """Fixed KV-cache size in bytes (overrides gpu_memory_utilization's KV share)."""
     enforce_eager: bool = False
     """Disable CUDA graphs / torch.compile (faster start, slower steps)."""
-    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1, le=1_000_000)
     """Maximum running requests."""
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=134_217_728)
     """Token budget per scheduler step."""
     extra_args: list[str] = Field(default_factory=list)
     """Further `vllm serve` arguments, as an argv list."""
@@ -462,13 +490,19 @@ class LocalBackend(_Model):
     """Backend discriminator."""
     host: str = "127.0.0.1"
     """Address the server binds to (loopback unless configured)."""
+    allow_remote: bool = False
+    """Allow a non-loopback `host`, which makes the engine reachable from other machines; it then
+    also needs `api_key_env` (checked in compile)."""
     port: int | None = Field(default=None, ge=1, le=65535)
     """Port to bind; null picks a free one."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the key the engine requires (passed to `vllm
+    serve` in its environment as VLLM_API_KEY; the key never enters configs or argv)."""
     vllm_command: list[str] | None = None
     """argv prefix that reaches the vLLM CLI (another environment's interpreter); null: this one."""
-    startup_timeout_s: float = Field(default=600.0, gt=0)
+    startup_timeout_s: Seconds = 600.0
     """Seconds to wait for /health before calling the start a hang."""
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: Seconds = 600.0
     """Seconds one measured window may take."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the engine process."""
@@ -487,7 +521,7 @@ class EndpointBackend(_Model):
     """Model name the server answers to."""
     api_key_env: str | None = None
     """Name of the environment variable holding the API key (the key never enters configs)."""
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: Seconds = 600.0
     """Seconds one measured window may take."""
     vllm_command: list[str] | None = None
     """argv prefix that reaches the vLLM CLI for `bench serve`; null: this environment."""
