@@ -32,6 +32,7 @@ _.p99_itl_ms
 _.p99_e2el_ms
 _._kv_shared_has_no_layers
 _._needs_hub_only_for_hf
+_._has_layers
 
 # Attributes set on tokenizers and Hugging Face configs that their libraries read (demo/tiny.py).
 _.pre_tokenizer

@@ -7,12 +7,13 @@ raised together as a `SpecError`; things that are legal but worth knowing become
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.core.errors import Problem, Raw, SpecError, did_you_mean, one_of
 from specflow.core.methods import METHODS, MethodInfo
 from specflow.core.schema import Checkpoint, DrafterSpec, Spec, TargetSpec
 
@@ -480,6 +481,79 @@ def _check_endpoint(spec: Spec) -> list[Problem]:
                     "speculative drafter", speculative, "one drafter")]
 
 
+@dataclass(frozen=True)
+class _Secret:
+    """A `vllm serve` option whose value is a secret: never in argv, plans or artifacts."""
+
+    shortest: str
+    """Shortest abbreviation argparse accepts for it (vLLM's parser allows abbreviations)."""
+    instead: str
+    """Where the secret goes instead."""
+    bare_ok: bool = False
+    """Whether the option alone, without a value, is harmless."""
+
+
+SECRET_OPTIONS = {
+    "--api-key": _Secret("--api-k", "set the key in the environment variable named by "
+                         "backend.api_key_env"),
+    "--hf-token": _Secret("--hf-t", "HF_TOKEN in the environment specflow runs in (the engine "
+                          "inherits it), or --hf-token without a value", bare_ok=True),
+}
+"""Secret `vllm serve` options, refused in backend.engine.extra_args."""
+
+def _secret_option(word: str) -> str | None:
+    """The secret option an argv word names: in full, with underscores or abbreviated."""
+    if not word.startswith("--"):
+        return None
+    name = word.split("=", 1)[0].replace("_", "-")
+    return next((opt for opt, s in SECRET_OPTIONS.items()
+                 if opt.startswith(name) and len(name) >= len(s.shortest)), None)
+
+
+def _check_secrets(spec: Spec) -> list[Problem]:
+    """No secret in backend.engine.extra_args: it would reach argv, MLflow, champions and `ps`."""
+    args = spec.backend.engine.extra_args
+    out = []
+    for i, word in enumerate(args):
+        opt = _secret_option(word)
+        if opt is None:
+            continue
+        valued = "=" in word or (i + 1 < len(args) and not args[i + 1].startswith("-"))
+        if SECRET_OPTIONS[opt].bare_ok and not valued:
+            continue
+        shown = word.split("=", 1)[0] + "=***" if "=" in word else \
+            f"{word} ***" if valued else word
+        out.append(Problem(f"backend.engine.extra_args[{i}]", f"{opt} on the command line "
+                           "would put a secret into the plan, MLflow, champion files and the "
+                           "process list", Raw(shown), SECRET_OPTIONS[opt].instead))
+    return out
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+def _check_host(spec: Spec) -> tuple[list[Problem], list[str]]:
+    """A local engine off loopback needs allow_remote and an API key; then it is a warning."""
+    b = spec.backend
+    if b.kind != "local" or _loopback(b.host):
+        return [], []
+    missing = [need for need, ok in (("backend.allow_remote=true", b.allow_remote),
+                                     ("backend.api_key_env", b.api_key_env)) if not ok]
+    if missing:
+        return [Problem("backend.host", "a non-loopback address makes the engine reachable "
+                        "from other machines", b.host, "a loopback address (127.0.0.1, ::1, "
+                        f"localhost), or {' and '.join(missing)}")], []
+    return [], [f"backend.host={b.host}: the engine is reachable from other machines; requests "
+                f"need the key in ${b.api_key_env}, which vLLM checks only under /v1, /v2 and "
+                "/inference"]
+
+
 def _drafters(spec: Spec) -> dict[str, DrafterSpec]:
     """The selected drafters, led by the baseline when the sweep includes one none selected."""
     drafters = dict(spec.drafter)
@@ -535,9 +609,11 @@ def _check_configs(spec: Spec, configs: Sequence[EngineConfig]) -> list[Problem]
 
 def compile_plan(spec: Spec, catalog: Catalog = Catalog()) -> SweepPlan:
     """Validate across sections and build the sweep plan; raises SpecError with every problem."""
+    host_problems, host_warnings = _check_host(spec)
     problems = [*_check_target(spec), *_check_sweep_drafters(spec, catalog),
-                *_check_bands(spec), *_check_endpoint(spec)]
-    warnings = _target_warnings(spec.target)
+                *_check_bands(spec), *_check_endpoint(spec), *_check_secrets(spec),
+                *host_problems]
+    warnings = [*_target_warnings(spec.target), *host_warnings]
     configs: list[EngineConfig] = []
     for name, d in _drafters(spec).items():
         ns = _lengths(spec, name, d)

@@ -7,7 +7,10 @@ Layout under `PromoteSpec.output_dir`:
     <class>/refused/<version>.json    promotions the regression gate refused, for the record
 A version is `<UTC time>-<content hash>`, so names sort by time. Every file is written to a
 temporary file in the same directory, fsynced, then `os.replace`d into place; promotions of one
-class are serialised by an advisory lock that dies with its holder.
+class are serialised by an advisory lock that dies with its holder. Class and version names
+become path components only when they are plain names (`is_plain_name`), whether they come from
+the command line or from a file; a champion file that cannot be read does not stop
+`restore(cls, version)`, the command that repairs it.
 
 Regression gate: a new champion replaces the old one unless, in some band both decided, the new
 one is confidently worse than what the old one was promoted for (new speedup upper bound <
@@ -28,6 +31,7 @@ import datetime as dt
 import fcntl
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +43,11 @@ from specflow.core.compile import EngineConfig
 from specflow.core.fsio import BeforeReplace, atomic_write_json
 from specflow.core.schema import PromoteSpec
 
+log = logging.getLogger("specflow.core.promote")
+
 _SAFE = re.compile(r"[A-Za-z0-9_.-]+")
+PLAIN = "letters, digits, '_', '-' and '.' (not '.' or '..')"
+"""What `is_plain_name` accepts, for messages."""
 SCHEMA_VERSION = 1
 """Version of the champion file format."""
 CHAMPION = "champion.json"
@@ -84,17 +92,37 @@ Hook = Callable[[Promotion], None]
 """Called after the files are in place (e.g. to register the champion in MLflow)."""
 def _read(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
         raise PromotionError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise PromotionError(f"cannot read {path}: not a JSON object")
+    return data
+
+
+def is_plain_name(name: object) -> bool:
+    """Whether a value may become one path component (a class or version name)."""
+    return isinstance(name, str) and bool(_SAFE.fullmatch(name)) and name not in {".", ".."}
 
 
 def class_dir(output_dir: str | Path, traffic_class: str) -> Path:
     """Where one class's champion lives (the class name must be a plain path component)."""
-    if not _SAFE.fullmatch(traffic_class) or traffic_class in {".", ".."}:
+    if not is_plain_name(traffic_class):
         raise PromotionError(f"traffic class {traffic_class!r} is not a plain name; "
-                             "expected letters, digits, '_', '-', '.'")
+                             f"expected {PLAIN}")
     return Path(output_dir) / traffic_class
+
+
+def _history_path(cdir: Path, version: object) -> Path:
+    """`history/<version>.json` of a class: for a plain version name, and only inside history/."""
+    if not is_plain_name(version):
+        raise PromotionError(f"version {version!r} is not a plain version name; "
+                             f"expected {PLAIN}")
+    hist = cdir / "history"
+    path = hist / f"{version}.json"
+    if not path.resolve().is_relative_to(hist.resolve()):
+        raise PromotionError(f"history entry {path} leads outside {hist}")
+    return path
 
 
 def champion(output_dir: str | Path, traffic_class: str) -> dict[str, Any] | None:
@@ -109,6 +137,19 @@ def history(output_dir: str | Path, traffic_class: str) -> list[str]:
     return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
 
 
+def _heal_history(cdir: Path) -> None:
+    """Copy the champion into history/ when a writer was killed between the two; a champion
+    that is unreadable or names no plain version is reported and left alone."""
+    try:
+        record = _read(cdir / CHAMPION)
+        entry = _history_path(cdir, record.get("version"))
+    except PromotionError as exc:
+        log.warning("%s not repaired: %s", cdir / CHAMPION, exc)
+        return
+    if not entry.is_file():
+        atomic_write_json(entry, record)
+
+
 @contextlib.contextmanager
 def _locked(cdir: Path) -> Iterator[None]:
     """Serialise writers of one class; heal what a killed writer may have left."""
@@ -117,12 +158,8 @@ def _locked(cdir: Path) -> Iterator[None]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for stale in cdir.rglob(".*.tmp"):
             stale.unlink(missing_ok=True)
-        current = cdir / CHAMPION
-        if current.is_file():
-            record = _read(current)
-            entry = cdir / "history" / f"{record.get('version', 'unversioned')}.json"
-            if not entry.is_file():  # killed between the champion and its history copy
-                atomic_write_json(entry, record)
+        if (cdir / CHAMPION).is_file():
+            _heal_history(cdir)
         try:
             yield
         finally:
@@ -321,21 +358,40 @@ def restore(output_dir: str | Path, traffic_class: str, version: str | None = No
         raise PromotionError(f"nothing was ever promoted for traffic class {traffic_class!r} "
                              f"under {output_dir}")
     with _locked(cdir):
-        current = champion(output_dir, traffic_class)
+        try:
+            current, unreadable = champion(output_dir, traffic_class), None
+        except PromotionError as exc:  # restoring a named version repairs it
+            current, unreadable = None, exc
         if version is None:
-            version = current.get("previous") if current else None
-            if version is None:
-                raise PromotionError(f"traffic class {traffic_class!r} has no previous champion "
-                                     "to restore")
-        path = cdir / "history" / f"{version}.json"
+            version = _previous(output_dir, traffic_class, current, unreadable)
+        path = _history_path(cdir, version)
         if not path.is_file():
             raise PromotionError(f"traffic class {traffic_class!r} has no version {version!r}; "
                                  f"known: {history(output_dir, traffic_class)}")
         record = _read(path)
         atomic_write_json(cdir / CHAMPION, record)
+    was = current.get("version") if current else None
     restored = Promotion(traffic_class, "restored", version, cdir / CHAMPION,
-                         current["version"] if current else None,
-                         GateResult(True), record)
+                         was if is_plain_name(was) else None, GateResult(True), record)
     if on_restored is not None:
         on_restored(restored)
     return restored
+
+
+def _previous(output_dir: str | Path, traffic_class: str, current: dict[str, Any] | None,
+              unreadable: PromotionError | None) -> str:
+    """The version the current champion replaced (restore's default), checked."""
+    name_one = (f"name the version to restore: restore {traffic_class} VERSION; known: "
+                f"{history(output_dir, traffic_class)}")
+    if unreadable is not None:
+        raise PromotionError(f"the current champion of traffic class {traffic_class!r} is "
+                             f"unreadable ({unreadable}); {name_one}")
+    previous = current.get("previous") if current else None
+    if previous is None:
+        raise PromotionError(f"traffic class {traffic_class!r} has no previous champion "
+                             "to restore")
+    if not is_plain_name(previous):
+        raise PromotionError(f"the current champion of traffic class {traffic_class!r} names "
+                             f"previous version {previous!r}, which is not a plain version "
+                             f"name; {name_one}")
+    return str(previous)

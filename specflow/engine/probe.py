@@ -1,13 +1,16 @@
 """What the installed vLLM accepts: its SpeculativeConfig fields and method names.
 
 Runs a small script in the vLLM environment (which may differ from specflow's) and caches the
-answer per interpreter and vLLM version, so only the first call pays for importing vLLM.
+answer per interpreter and vLLM version, so only the first call pays for importing vLLM. The
+cache is checked on every read: a file that is unreadable or not a complete answer is a miss
+(probed again and rewritten), never an error.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -19,6 +22,8 @@ from typing import Any
 
 from specflow.core.errors import Problem, did_you_mean, one_of
 from specflow.core.fsio import atomic_write_json
+
+log = logging.getLogger("specflow.engine.probe")
 
 _VERSION_SCRIPT = r"""
 import importlib.metadata as md, json
@@ -126,6 +131,41 @@ def cache_dir() -> Path:
     return Path(base) / "probe"
 
 
+_LISTS = ("methods", "mtp_aliases", "fields")
+"""Keys of a probe answer that hold lists of names."""
+
+
+def _valid(data: Any) -> bool:
+    """Whether `data` is a complete probe answer (see _PROBE_SCRIPT)."""
+    return isinstance(data, dict) \
+        and all(isinstance(data.get(k), list) and all(isinstance(v, str) for v in data[k])
+                for k in _LISTS) \
+        and isinstance(data.get("torch"), str | None)
+
+
+def _read_cache(path: Path) -> dict[str, Any] | None:
+    """The cached probe answer at `path`; None for a miss (absent, unreadable or malformed)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
+        log.warning("probe cache %s is unreadable (%s); probing vLLM again", path, exc)
+        return None
+    if not _valid(data):
+        log.warning("probe cache %s is not a complete probe answer; probing vLLM again", path)
+        return None
+    return data
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Keep a probe answer; a cache that cannot be written only costs the next call a probe."""
+    try:
+        atomic_write_json(path, data)
+    except OSError as exc:
+        log.warning("cannot write the probe cache %s (%s)", path, exc)
+
+
 def facts(vllm_command: Sequence[str] | None = None, use_cache: bool = True) -> VllmFacts:
     """Probe (or read the cached probe of) the vLLM that vllm_command reaches."""
     python = interpreter(vllm_command)
@@ -137,11 +177,13 @@ def facts(vllm_command: Sequence[str] | None = None, use_cache: bool = True) -> 
     version = versions[dist]
     key = hashlib.sha256(f"{python}|{dist}|{version}".encode()).hexdigest()[:16]
     path = cache_dir() / f"{dist}-{version}-{key}.json"
-    if use_cache and path.is_file():
-        data = json.loads(path.read_text())
-    else:
+    data = _read_cache(path) if use_cache else None
+    if data is None:
         data = _run(python, _PROBE_SCRIPT)
-        atomic_write_json(path, data)
+        if not _valid(data):
+            raise ProbeError(f"probing vLLM with {python} gave an unexpected answer: "
+                             f"{json.dumps(data)[:300]}")
+        _write_cache(path, data)
     return VllmFacts(dist, version, tuple(data["methods"]), tuple(data["mtp_aliases"]),
                      tuple(data["fields"]), data.get("torch"))
 

@@ -317,6 +317,8 @@ class LocalEngine(Server):
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{ec.name}-{ec.hash}.log"
         self.env = {**DEFAULT_ENV, **os.environ, **backend.env}
+        if backend.api_key_env and os.environ.get(backend.api_key_env):
+            self.env["VLLM_API_KEY"] = os.environ[backend.api_key_env]  # vllm serve reads it
         self.api_key = argv_value(ec.serve_argv, "--api-key") or self.env.get("VLLM_API_KEY") \
             or None
         self.model_name = served_model_name(ec)
@@ -366,6 +368,10 @@ class LocalEngine(Server):
 
     def start(self) -> None:
         """Launch and wait for /health; retry once on another port if the port was busy."""
+        if self.backend.api_key_env and not os.environ.get(self.backend.api_key_env):
+            raise EngineStartError(EngineFailure(
+                "start_failed", f"backend.api_key_env names ${self.backend.api_key_env}, which "
+                "is not set; the engine is not started without its key"))
         port = self.backend.port or free_port(self.host)
         t0 = time.monotonic()
         for attempt in (1, 2):

