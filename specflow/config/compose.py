@@ -7,11 +7,12 @@ field, the value, what is allowed, a did-you-mean and the file the value came fr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -254,6 +255,91 @@ _TYPES = {
 }
 
 
+@dataclass(frozen=True)
+class _Error:
+    """One pydantic error, located in the schema."""
+
+    kind: str
+    user_path: list[str | int]
+    """The user-facing path (union tags removed)."""
+    tp: Any
+    """The schema type at that path."""
+    ctx: dict[str, Any]
+    got: Any
+    msg: str
+
+    @property
+    def path(self) -> str:
+        return dotted(self.user_path)
+
+
+def _missing(x: _Error) -> Problem:
+    return Problem(x.path, "required field is missing", expected=_describe(x.tp))
+
+
+def _literal(x: _Error) -> Problem:
+    allowed = typing.get_args(_strip_optional(x.tp)) or ()
+    return Problem(x.path, "not an allowed value", x.got,
+                   x.ctx.get("expected", one_of(allowed)), did_you_mean(x.got, allowed))
+
+
+def _union_tag(x: _Error) -> Problem:
+    tags = [_tag(m) for m in _union_members(x.tp)]
+    field_name = x.ctx.get("discriminator", "'kind'").strip("'")
+    got = x.got.get(field_name) if isinstance(x.got, dict) else x.got
+    return Problem(dotted([*x.user_path, field_name]),
+                   "unknown kind" if x.kind == "union_tag_invalid" else "missing kind", got,
+                   one_of(tags), did_you_mean(got, tags))
+
+
+def _out_of_range(x: _Error) -> Problem:
+    bound = next(iter(x.ctx.values()), "")
+    if isinstance(bound, float) and abs(bound) >= 1e6:
+        bound = f"{bound:g}"
+    return Problem(x.path, "out of range", x.got, f"a value {_RANGE[x.kind]} {bound}")
+
+
+def _too_short(x: _Error) -> Problem:
+    n = x.ctx.get("min_length", 1)
+    what = "character" if x.kind == "string_too_short" else "item"
+    plural = "s" if n != 1 else ""
+    return Problem(x.path, "too short", x.got, f"at least {n} {what}{plural}")
+
+
+_TRANSLATE: dict[str, Callable[[_Error], Problem]] = {
+    "missing": _missing,
+    "literal_error": _literal,
+    "union_tag_invalid": _union_tag,
+    "union_tag_not_found": _union_tag,
+    **dict.fromkeys(_RANGE, _out_of_range),
+    "finite_number": lambda x: Problem(x.path, "not a finite number", x.got, "a finite number"),
+    "int_parsing_size": lambda x: Problem(x.path, "out of range", x.got,
+                                          "an integer of sensible size"),
+    "too_short": _too_short,
+    "string_too_short": _too_short,
+    "too_long": lambda x: Problem(x.path, "too long", x.got,
+                                  f"at most {x.ctx.get('max_length')} items"),
+    "string_pattern_mismatch": lambda x: Problem(x.path, "malformed", x.got,
+                                                 f"a string matching {x.ctx.get('pattern')}"),
+    **{kind: (lambda x: Problem(x.path, "wrong type", x.got, _TYPES[x.kind])) for kind in _TYPES},
+    "value_error": lambda x: _from_value_error(x.ctx.get("error"), x.user_path, x.got, x.msg),
+}
+"""One translation per pydantic error kind; any other kind keeps pydantic's message."""
+
+
+def _translate(e: Any, loc: list[str | int], root: type[BaseModel]) -> Problem:
+    """One pydantic error as a `Problem` naming the user-facing dotted path."""
+    if e["type"] == "extra_forbidden":
+        parent_path, parent_tp = walk(loc[:-1], root)
+        allowed = fields_of(parent_tp)
+        return Problem(dotted([*parent_path, loc[-1]]), "unknown key", e.get("input"),
+                       one_of(allowed), did_you_mean(loc[-1], allowed))
+    user_path, tp = walk(loc, root)
+    x = _Error(e["type"], user_path, tp, e.get("ctx") or {}, e.get("input"), e["msg"])
+    handler = _TRANSLATE.get(x.kind)
+    return handler(x) if handler else Problem(x.path, x.msg, x.got, _describe(tp))
+
+
 def problems_from_validation(err: ValidationError, sources: Sources | None = None,
                              root: type[BaseModel] = Spec, prefix: Sequence[str | int] = ()
                              ) -> list[Problem]:
@@ -261,59 +347,10 @@ def problems_from_validation(err: ValidationError, sources: Sources | None = Non
     out: list[Problem] = []
     for e in err.errors(include_url=False):
         loc = list(prefix) + list(e["loc"])
-        kind = e["type"]
-        ctx = e.get("ctx") or {}
-        got = e.get("input")
-        if kind == "extra_forbidden":
-            parent_path, parent_tp = walk(loc[:-1], root)
-            allowed = fields_of(parent_tp)
-            path = dotted([*parent_path, loc[-1]])
-            problem = Problem(path, "unknown key", got, one_of(allowed),
-                              did_you_mean(loc[-1], allowed))
-        else:
-            user_path, tp = walk(loc, root)
-            path = dotted(user_path)
-            if kind == "missing":
-                problem = Problem(path, "required field is missing", expected=_describe(tp))
-            elif kind == "literal_error":
-                allowed = typing.get_args(_strip_optional(tp)) or ()
-                problem = Problem(path, "not an allowed value", got,
-                                  ctx.get("expected", one_of(allowed)), did_you_mean(got, allowed))
-            elif kind in ("union_tag_invalid", "union_tag_not_found"):
-                tags = [_tag(m) for m in _union_members(tp)]
-                field_name = ctx.get("discriminator", "'kind'").strip("'")
-                path = dotted([*user_path, field_name])
-                got = got.get(field_name) if isinstance(got, dict) else got
-                problem = Problem(path, "unknown kind" if kind == "union_tag_invalid"
-                                  else "missing kind", got, one_of(tags), did_you_mean(got, tags))
-            elif kind in _RANGE:
-                bound = next(iter(ctx.values()), "")
-                if isinstance(bound, float) and abs(bound) >= 1e6:
-                    bound = f"{bound:g}"
-                problem = Problem(path, "out of range", got, f"a value {_RANGE[kind]} {bound}")
-            elif kind == "finite_number":
-                problem = Problem(path, "not a finite number", got, "a finite number")
-            elif kind == "int_parsing_size":
-                problem = Problem(path, "out of range", got, "an integer of sensible size")
-            elif kind in ("too_short", "string_too_short"):
-                n = ctx.get("min_length", 1)
-                what = "character" if kind == "string_too_short" else "item"
-                plural = "s" if n != 1 else ""
-                problem = Problem(path, "too short", got, f"at least {n} {what}{plural}")
-            elif kind == "too_long":
-                problem = Problem(path, "too long", got, f"at most {ctx.get('max_length')} items")
-            elif kind == "string_pattern_mismatch":
-                problem = Problem(path, "malformed", got, f"a string matching {ctx.get('pattern')}")
-            elif kind in _TYPES:
-                problem = Problem(path, "wrong type", got, _TYPES[kind])
-            elif kind == "value_error":
-                problem = _from_value_error(ctx.get("error"), user_path, got, e["msg"])
-            else:
-                problem = Problem(path, e["msg"], got, _describe(tp))
+        problem = _translate(e, loc, root)
         if sources is not None:
-            problem = Problem(problem.path, problem.problem, problem.got, problem.expected,
-                              problem.suggestion, sources(problem.path))
-        if out and out[-1].path == problem.path and kind != "extra_forbidden" \
+            problem = dataclasses.replace(problem, source=sources(problem.path))
+        if out and out[-1].path == problem.path and e["type"] != "extra_forbidden" \
                 and len(walk(loc, root)[0]) < len(loc):
             out[-1] = _either(out[-1], problem)  # one value against each member of a union
             continue
