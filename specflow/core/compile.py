@@ -501,7 +501,7 @@ SECRET_OPTIONS = {
 }
 """Secret `vllm serve` options, refused in backend.engine.extra_args."""
 
-def _secret_option(word: str) -> str | None:
+def secret_option(word: str) -> str | None:
     """The secret option an argv word names: in full, with underscores or abbreviated."""
     if not word.startswith("--"):
         return None
@@ -515,7 +515,7 @@ def _check_secrets(spec: Spec) -> list[Problem]:
     args = spec.backend.engine.extra_args
     out = []
     for i, word in enumerate(args):
-        opt = _secret_option(word)
+        opt = secret_option(word)
         if opt is None:
             continue
         valued = "=" in word or (i + 1 < len(args) and not args[i + 1].startswith("-"))

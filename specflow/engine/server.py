@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from specflow.core.compile import EngineConfig
+from specflow.core.compile import EngineConfig, secret_option
 from specflow.core.schema import EndpointBackend, LocalBackend
 from specflow.engine.launcher import vllm_command
 
@@ -40,9 +40,6 @@ HEALTH_POLL_S = 0.5
 """Interval between readiness checks."""
 DEFAULT_ENV = {"HF_HUB_OFFLINE": "1"}
 """Engine environment defaults (lowest precedence): never reach the hub unless asked to."""
-SECRET_FLAGS = ("--api-key",)
-"""`vllm serve` options whose value is a secret and never written anywhere."""
-
 _OOM_MARKERS = re.compile(
     r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc|\bOOM\b")
 _BUSY_MARKER = re.compile(r"address already in use", re.IGNORECASE)
@@ -114,18 +111,19 @@ def classify_exit(returncode: int | None, log_tail: str, oom_kills: int = 0, *,
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """argv with the values of secret options replaced (for logs and records)."""
+    """argv with the values of secret options (the ones compile refuses in extra_args, spelt
+    in full or abbreviated) replaced, for logs and records."""
     out: list[str] = []
     hide = False
     for a in argv:
-        if hide:
+        if hide and not a.startswith("-"):
             out.append("***")
             hide = False
-        elif a in SECRET_FLAGS:
-            out.append(a)
-            hide = True
-        elif a.startswith(tuple(f"{f}=" for f in SECRET_FLAGS)):
+            continue
+        hide = secret_option(a) is not None
+        if hide and "=" in a:
             out.append(a.split("=", 1)[0] + "=***")
+            hide = False
         else:
             out.append(a)
     return out

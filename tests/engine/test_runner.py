@@ -99,6 +99,10 @@ def test_classify_exit() -> None:
 def test_secrets_are_redacted_and_never_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert redact_argv(["serve", "m", "--api-key", "k1", "--api-key=k2"]) == \
         ["serve", "m", "--api-key", "***", "--api-key=***"]
+    # every spelling vLLM's parser accepts, and a bare --hf-token leaves the next flag alone
+    assert redact_argv(["--api-ke", "k3", "--api_key=k4", "--hf-token", "--dtype", "bf16",
+                        "--hf-tok", "t1"]) == \
+        ["--api-ke", "***", "--api_key=***", "--hf-token", "--dtype", "bf16", "--hf-tok", "***"]
     monkeypatch.setenv("OPENAI_API_KEY", "unrelated")
     assert "OPENAI_API_KEY" not in bench_env()
     assert bench_env(api_key="k")["OPENAI_API_KEY"] == "k"
