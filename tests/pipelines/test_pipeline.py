@@ -63,16 +63,21 @@ def _ledger(tmp: Path) -> Ledger:
     return Ledger(tmp / "work", sweep_dir.name)
 
 
-def _client(tmp: Path):  # noqa: ANN202
+def _client(tmp: Path, uri: str | None = None):  # noqa: ANN202
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    return MlflowClient(tracking_uri=uri or f"sqlite:///{tmp / 'mlflow.db'}")
+
+
+def _all_runs(tmp: Path, uri: str | None = None) -> list:
+    """Every run of the sweep's experiment (the sqlite store in `tmp`, or the server at `uri`)."""
+    client = _client(tmp, uri)
+    (exp,) = [e for e in client.search_experiments() if e.name == "specflow/tiny/cpu"]
+    return client.search_runs([exp.experiment_id], max_results=1000)
 
 
 def _runs(tmp: Path) -> tuple[object, list]:
-    client = _client(tmp)
-    (exp,) = [e for e in client.search_experiments() if e.name == "specflow/tiny/cpu"]
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    runs = _all_runs(tmp)
     parents = [r for r in runs if r.data.tags.get("specflow.kind") == "sweep"]
     children = [r for r in runs if r.data.tags.get("specflow.kind") == "point"]
     assert len(parents) == 1
@@ -194,8 +199,6 @@ def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: 
     itself is SIGKILLed once the baseline is measured. Run 2, with the server back: only the
     missing windows are measured (counted by engine starts), the windows kept locally are
     pushed, and MLflow ends with exactly one finished child per point and no run RUNNING."""
-    from mlflow.tracking import MlflowClient
-
     args = ["drafter=[none,ngram]", "+sweep.num_speculative_tokens.ngram=[2]",
             "sweep.closing_baseline_repeats=0"]
     server = MlflowServer(tmp_path)
@@ -242,9 +245,7 @@ def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: 
         assert len(done) == 4 and all(e.logged for e in done)
         # the baseline had finished before the kill: only the ngram engine started again
         assert _count_starts(tmp_path) - starts_before == 1
-        client = MlflowClient(tracking_uri=server.uri)
-        (exp,) = [e for e in client.search_experiments() if e.name == "specflow/tiny/cpu"]
-        runs = client.search_runs([exp.experiment_id], max_results=1000)
+        runs = _all_runs(tmp_path, server.uri)
     finally:
         server.kill()
     children = [r for r in runs if r.data.tags.get("specflow.kind") == "point"]
