@@ -54,3 +54,6 @@ mtime
 
 # The ledger's event-log reader (engine starts and failures, for people and tests).
 _.events
+
+# Properties analysis.to_json serialises by name (the report's JSON and champion.json).
+_.fraction

@@ -4,35 +4,37 @@ Pure (numpy and scipy only): frozen `Measurement`s in, frozen decisions out, eve
 its reason. The chain is aggregate -> compare with the baseline -> gate -> pick -> schedule.
 
 Statistics, and why:
-- A *point* is one engine config x workload x concurrency. Its OK repeats are summarised by the
-  median and MAD (what a human reads) and by the geometric mean with a bootstrap CI.
-- Speedup is candidate / baseline at the same workload and concurrency, as a ratio of geometric
-  means (throughput noise is multiplicative; the mean of logs is the efficient estimate at 3-5
-  repeats, where a median throws away most of the information). Its CI resamples both sides
-  independently (percentile bootstrap of the log-ratio, `bootstrap_samples`, seeded) and is then
-  widened by the factor that gives it the width of Welch's t interval: a plain bootstrap of 3-5
-  values is far too narrow and promotes noise.
-- The baseline sample is every baseline run at that point: the runs opening the sweep and, when
-  given, the runs closing it. If the two brackets differ beyond noise (their ratio's CI excludes
-  1; with a single closing run, the prediction interval of a new run) the drift is flagged;
-  pooling both brackets already widens every speedup CI by the drift.
-- A band's speedup is its *worst* point (every workload of the class, every level in the band).
+- A *point* is one engine config x workload x concurrency. Its OK windows are summarised by the
+  median and MAD (what a human reads) and by the geometric mean with a bootstrap CI (display).
+- Speedup is candidate / baseline at the same workload and concurrency, on log throughput (noise
+  is multiplicative). The replicate unit is the engine start and the baseline is time-local:
+  `racing.contrast` compares each candidate start with the baseline interpolated in run order
+  between the baseline starts around it, with a t interval whose variance counts starts (see
+  `racing`). Without replicated starts (one start per config) the interval is Welch's over the
+  configs' windows, and the class notes say the interval cannot include start-to-start noise.
+- Consecutive baseline starts that differ beyond noise are flagged (`Drift`); racing re-measures
+  what ran between them.
+- A band's speedup is its *worst* point (every workload of the class, every level in the band);
+  its test's p-value is the largest of its points' (intersection-union).
+- Errors per deployment: a grid is Holm-corrected over every class x band x candidate
+  (`family="holm"`); a race judges each band's selected winner on its confirmation starts only
+  (`race=`), the race itself having corrected over the bands it confirmed.
 
 Decision rule: a candidate is eligible in a band when it was not refused by headroom, ran without
-failing at every point, keeps temperature-0 outputs equal to the baseline's (mismatches on
-requests where the baseline disagrees with itself are excused; the rest may not exceed
-`quality.max_mismatch_fraction`), meets every latency SLO at its worst repeat, and its speedup
+failing at every point, keeps temperature-0 outputs equal to the baseline's (at every concurrency
+level, the share of its (run, request) pairs whose output differs from the baseline's majority
+output may exceed the baseline's own share there by at most `quality.max_mismatch_fraction`, at
+the lower confidence bound of Newcombe's interval for the difference, so more repeats alone
+never make rejection likelier), meets every latency SLO at its worst repeat, and its speedup
 lower bound is >= 1 + margin at every point; among eligible candidates the highest lower bound
 wins, where bounds within `tie_tolerance` are ties that go to the smaller N, then the cheaper
 method (`METHODS[m].cost_rank`). With no eligible candidate, "off" wins.
 
-Calibration (tests/core/test_analysis.py, 1,000 seeded trials each): the defaults (margin 0.05,
-confidence 0.95) assume 5 repeats per point with the baseline bracketing the sweep (5 + 5). An
-A/A pair is promoted in < 1% of trials for run-to-run CV up to 10%, even at the 3-repeat floor
-(about 0.5% at CV 10%). A true 10% gain is promoted in >= 95% of trials at CV <= 1.5% (99.6%);
-about 94% at CV 2% and 68% at CV 3%, where some 10 repeats are needed. No test can do much
-better: with the 5% margin, the lower bound must clear a gap of half the effect. A rejection that
-is only inconclusive says how many repeats would settle it at the observed noise.
+Calibration: tests/core/test_analysis.py (hand-built grids, 1,000 seeded trials: an A/A pair is
+promoted < 1% of the time at CV up to 10%; a true 10% gain >= 95% at CV 1.5% with 5 + 5 windows)
+and tests/core/test_racing.py (simulated racing and grid sweeps); bench/decision_quality.py
+measures false promotion, power and cost per deployment. A rejection that is only inconclusive
+says how many engine starts would settle it at the observed noise.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
+from specflow.core import racing
 from specflow.core.methods import METHODS
 from specflow.core.records import Measurement
 from specflow.core.schema import PromoteSpec
@@ -56,7 +59,7 @@ from specflow.core.schema import PromoteSpec
 BASELINE_METHOD = "none"
 """`Measurement.method` of the no-speculation baseline."""
 
-Gate = Literal["headroom", "failed", "quality", "slo", "speedup"]
+Gate = Literal["headroom", "failed", "quality", "slo", "speedup", "family", "race"]
 """The gates a candidate can be rejected by, in the order they are checked."""
 
 _CHUNK = 4_000_000
@@ -85,9 +88,6 @@ class Estimate:
     lo: float
     hi: float
     confidence: float
-
-    def excludes(self, x: float) -> bool:
-        return not self.lo <= x <= self.hi
 
 
 @dataclass(frozen=True)
@@ -141,57 +141,100 @@ class PointStats:
 
 @dataclass(frozen=True)
 class PointSpeedup:
-    """Candidate vs baseline at one workload and concurrency."""
+    """Candidate vs the time-local baseline at one workload and concurrency."""
 
     workload: str
     concurrency: int
     speedup: Estimate
     n_candidate: int
+    """Candidate windows used."""
     n_baseline: int
+    """Baseline windows the time-local baseline was interpolated from."""
     cv: float
-    """Pooled run-to-run coefficient of variation (sd of log throughput)."""
+    """Within-start coefficient of variation (sd of log throughput between windows)."""
+    p_value: float = 1.0
+    """One-sided p-value of "speedup <= 1 + margin" (before any family correction)."""
+    starts: int = 1
+    """Candidate engine starts used."""
+    baseline_starts: int = 1
+    replicated: bool = True
+    """False when no config had two engine starts: the CI treats windows as independent."""
 
 
 @dataclass(frozen=True)
 class Drift:
-    """Baseline at the end of the sweep vs at its start, at one workload and concurrency."""
+    """Two consecutive baseline engine starts at one workload and concurrency."""
 
     workload: str
     concurrency: int
-    ratio: Estimate
-    n_start: int
-    n_end: int
+    seq_from: int
+    seq_to: int
+    ratio: float
+    """Later / earlier baseline (geometric means)."""
+    z: float
+    flagged: bool
+    """The step is beyond noise (two-sided t at 99% on two start means)."""
+
+
+@dataclass(frozen=True)
+class QualityLevel:
+    """Output mismatches at one concurrency level, counted over (run, request) pairs against the
+    baseline's reference (the class's workloads pooled): the candidate's and the baseline's own."""
+
+    concurrency: int
+    candidate_pairs: int
+    candidate_mismatches: int
+    baseline_pairs: int
+    baseline_mismatches: int
+    diff_lo: float
+    """Lower confidence bound of candidate rate - baseline rate (Newcombe); without calibration,
+    the candidate rate's Wilson lower bound (the baseline taken as exact)."""
+    passed: bool
+    """`diff_lo` does not exceed the tolerance."""
 
     @property
-    def flagged(self) -> bool:
-        """The brackets differ beyond noise (the ratio's CI excludes 1)."""
-        return self.ratio.excludes(1.0)
+    def candidate_rate(self) -> float:
+        return self.candidate_mismatches / self.candidate_pairs if self.candidate_pairs else 0.0
+
+    @property
+    def baseline_rate(self) -> float:
+        return self.baseline_mismatches / self.baseline_pairs if self.baseline_pairs else 0.0
 
 
 @dataclass(frozen=True)
 class QualityCheck:
-    """Temperature-0 outputs of a candidate against the baseline's, request by request."""
+    """Temperature-0 outputs of a candidate against the baseline's: per concurrency level, is the
+    candidate's mismatch rate above the baseline's own by more than the tolerance?"""
 
     requests: int
     """Distinct requests compared (over the class's workloads)."""
-    mismatched: int
-    """Requests where some candidate run's output differs from the baseline's reference."""
-    excused: int
-    """Mismatches on requests where the baseline disagrees with itself."""
-    unexcused: int
-    unstable_baseline: int
-    """Requests on which the baseline's own runs disagree."""
     tolerance: float
     """`quality.max_mismatch_fraction`."""
     passed: bool
+    levels: tuple[QualityLevel, ...] = ()
+    """One rate test per concurrency level of the band; the gate needs every one passed."""
+    calibrated: bool = True
+    """`quality.calibrate_with_baseline_repeat`: False tests against a baseline rate of 0."""
     examples: tuple[str, ...] = ()
-    """Some unexcused mismatches, as `workload#request`."""
+    """Some requests where a candidate run differs from the reference, as `workload#request`."""
     problem: str | None = None
     """Why the gate could not be evaluated (it then fails)."""
 
     @property
     def fraction(self) -> float:
-        return self.unexcused / self.requests if self.requests else 0.0
+        """The worst level's candidate mismatch rate."""
+        return max((lv.candidate_rate for lv in self.levels), default=0.0)
+
+    @property
+    def summary(self) -> str:
+        """One line: mismatched / compared pairs per level, the candidate's vs the baseline's."""
+        if not self.levels:
+            return self.problem or "nothing compared"
+        return "; ".join(
+            f"c={lv.concurrency}: {lv.candidate_mismatches}/{lv.candidate_pairs} "
+            + (f"vs baseline {lv.baseline_mismatches}/{lv.baseline_pairs}" if self.calibrated
+               else "(uncalibrated)")
+            for lv in self.levels)
 
 
 @dataclass(frozen=True)
@@ -265,10 +308,14 @@ class Decision:
     """Why the outcome (the winner's evidence, or why nothing passed)."""
     notes: tuple[str, ...] = ()
     """Things to know: drift, a baseline that breaks the SLO itself."""
+    unresolved: str = ""
+    """Why the band is undecided (racing ran out of budget or looks); never promoted."""
 
     @property
-    def outcome(self) -> Literal["speculate", "off"]:
-        return "off" if self.winner is None else "speculate"
+    def outcome(self) -> Literal["speculate", "off", "unresolved"]:
+        if self.winner is not None:
+            return "speculate"
+        return "unresolved" if self.unresolved else "off"
 
 
 @dataclass(frozen=True)
@@ -332,7 +379,8 @@ def to_json(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                if f.metadata.get("json", True)}
-        for prop in ("label", "outcome", "score", "fraction", "flagged", "n_ok", "n_failed"):
+        for prop in ("label", "outcome", "score", "fraction", "flagged", "n_ok", "n_failed",
+                     "candidate_rate", "baseline_rate", "summary"):
             if hasattr(type(obj), prop):
                 out[prop] = to_json(getattr(obj, prop))
         return out
@@ -399,62 +447,6 @@ def geometric_mean_ci(values: Sequence[float], promote: PromoteSpec, *key: objec
     k = _t(promote.confidence, n - 1) / _z(promote.confidence) * math.sqrt(n / (n - 1))
     lo, hi = _widen(theta, boot, promote.confidence, k)
     return Estimate(math.exp(theta), math.exp(lo), math.exp(hi), promote.confidence)
-
-
-def ratio_ci(numerator: Sequence[float], denominator: Sequence[float], promote: PromoteSpec,
-             *key: object) -> tuple[Estimate, float]:
-    """Ratio of geometric means, both sides resampled, CI widened to Welch's t width.
-
-    Returns the estimate and the pooled coefficient of variation (sd of the log values)."""
-    a = np.log(np.asarray(numerator, dtype=float))
-    b = np.log(np.asarray(denominator, dtype=float))
-    na, nb = a.size, b.size
-    if na < 2 or nb < 2:
-        raise ValueError(f"a ratio CI needs >= 2 values per side; got {na} and {nb}")
-    theta = float(a.mean() - b.mean())
-    va, vb = a.var(ddof=1) / na, b.var(ddof=1) / nb
-    cv = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
-    if va + vb == 0:
-        point = math.exp(theta)
-        return Estimate(point, point, point, promote.confidence), 0.0
-    rng = _rng(promote.seed, "ratio", *key)
-    boot = (bootstrap_means(a, promote.bootstrap_samples, rng)
-            - bootstrap_means(b, promote.bootstrap_samples, rng))
-    df = (va + vb) ** 2 / ((va**2 / (na - 1) if va else 0.0) + (vb**2 / (nb - 1) if vb else 0.0))
-    df = min(max(df, min(na, nb) - 1), na + nb - 2)
-    boot_var = va * (na - 1) / na + vb * (nb - 1) / nb
-    k = _t(promote.confidence, df) / _z(promote.confidence) * math.sqrt((va + vb) / boot_var)
-    lo, hi = _widen(theta, boot, promote.confidence, k)
-    return Estimate(math.exp(theta), math.exp(lo), math.exp(hi), promote.confidence), cv
-
-
-def drift_ratio(start: Sequence[float], end: Sequence[float], promote: PromoteSpec,
-                *key: object) -> Estimate:
-    """End / start of the baseline's bracketing runs. With one closing run the interval is the
-    prediction interval of a new run from the opening ones (t, n-1 df); otherwise `ratio_ci`."""
-    if len(end) >= 2:
-        return ratio_ci(end, start, promote, "drift", *key)[0]
-    x = np.log(np.asarray(start, dtype=float))
-    n = x.size
-    value = math.exp(math.log(end[0]) - float(x.mean()))
-    half = _t(promote.confidence, n - 1) * float(x.std(ddof=1)) * math.sqrt(1 + 1 / n)
-    return Estimate(value, value * math.exp(-half), value * math.exp(half), promote.confidence)
-
-
-def repeats_needed(speedup: float, threshold: float, cv: float, confidence: float,
-                   power: float = 0.8) -> int | None:
-    """Repeats per side that would put the lower bound above `threshold` with `power`, if the
-    observed speedup and noise hold (None when the speedup itself is below the threshold)."""
-    gap = math.log(speedup) - math.log(threshold)
-    if gap <= 0:
-        return None
-    if cv == 0:
-        return 2
-    return max(2, math.ceil(2 * ((_z(confidence) + _z(2 * power - 1)) * cv / gap) ** 2))
-
-
-# --------------------------------------------------------------------------------------------
-# Aggregation
 
 
 def _exclusion(m: Measurement) -> str | None:
@@ -585,76 +577,158 @@ def build_schedule(n_by_band: Sequence[tuple[Band, int]], max_batch_size: int | 
 
 @dataclass(frozen=True)
 class _Reference:
-    """The baseline's outputs for one workload: the reference digest per request, and which
-    requests it does not reproduce itself."""
+    """The baseline's outputs for one workload: the reference (majority) digest per request, and
+    per concurrency level how often the baseline's own runs differ from it (batching changes the
+    numerics per level, so its self-disagreement is measured where the candidate is)."""
 
     prompt_hash: str
     digests: tuple[str, ...]
-    unstable: frozenset[int]
-    runs: int
+    baseline: Mapping[int, tuple[int, int]]
+    """Per concurrency level: (run, request) pairs of the baseline, and how many differ."""
+
+
+def _mismatches(digests: Sequence[str], reference: Sequence[str]) -> list[int]:
+    """Indices of the requests whose output digest differs from the reference's."""
+    return [i for i, (x, y) in enumerate(zip(digests, reference, strict=True)) if x != y]
+
+
+def _majority(runs: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    """Per request, the digest most runs produced (ties: the smallest digest, so that the
+    reference does not depend on record order)."""
+    return tuple(min(Counter(seen).most_common(), key=lambda kv: (-kv[1], kv[0]))[0]
+                 for seen in zip(*runs, strict=True))
 
 
 def _references(baseline: Sequence[PointStats]) -> tuple[dict[str, _Reference], dict[str, str]]:
-    """Per workload, the baseline's reference outputs (or why there are none)."""
-    runs: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+    """Per workload, the baseline's reference outputs over all its runs and levels, with its own
+    mismatch counts per level (or why there is no reference)."""
+    runs: dict[str, list[tuple[int, str, tuple[str, ...]]]] = defaultdict(list)
     for p in baseline:
         for ph, d in zip(p.prompt_hashes, p.digests, strict=True):
-            runs[p.workload].append((ph, d))
+            if d:
+                runs[p.workload].append((p.concurrency, ph, d))
     refs, missing = {}, {}
     for workload in sorted({p.workload for p in baseline}):
-        rs = [(ph, d) for ph, d in runs[workload] if d]
+        rs = runs[workload]
         if not rs:
             missing[workload] = f"the baseline recorded no output digests for {workload}"
             continue
-        if len({(ph, len(d)) for ph, d in rs}) > 1:
+        if len({(ph, len(d)) for _, ph, d in rs}) > 1:
             missing[workload] = (f"the baseline's runs of {workload} used different prompts "
                                  "(prompt_hash or count differs); re-measure it")
             continue
-        per_request = list(zip(*(d for _, d in rs), strict=True))
-        reference = tuple(min(Counter(seen).most_common(), key=lambda kv: (-kv[1], kv[0]))[0]
-                          for seen in per_request)
-        unstable = frozenset(i for i, seen in enumerate(per_request) if len(set(seen)) > 1)
-        refs[workload] = _Reference(rs[0][0], reference, unstable, len(rs))
+        reference = _majority([d for _, _, d in rs])
+        counts: dict[int, tuple[int, int]] = {}
+        for c, _, d in rs:
+            pairs, bad = counts.get(c, (0, 0))
+            counts[c] = (pairs + len(d), bad + len(_mismatches(d, reference)))
+        refs[workload] = _Reference(rs[0][1], reference, counts)
     return refs, missing
+
+
+def wilson_interval(successes: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson score interval of the binomial proportion p = successes / n at normal quantile z
+    (E. B. Wilson, JASA 22:209-212, 1927): centre (p + z^2/2n) / (1 + z^2/n), half-width
+    z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/4n^2). Unlike the Wald interval it keeps its coverage
+    at 0 or n successes, the usual counts of output mismatches. With n = 0 nothing is known:
+    (0, 1)."""
+    if n == 0:
+        return 0.0, 1.0
+    p, k = successes / n, z * z / n
+    centre = (p + k / 2) / (1 + k)
+    half = z / (1 + k) * math.sqrt(p * (1 - p) / n + k / (4 * n))
+    # At 0 or n the bound is exact in theory; pin it so rounding cannot fake a mismatch.
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def newcombe_interval(x1: int, n1: int, x2: int, n2: int, z: float) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of the difference of proportions x1/n1 - x2/n2
+    (R. G. Newcombe, Statistics in Medicine 17:873-890, 1998, method 10): with (l_i, u_i) the
+    Wilson interval of p_i, d = p1 - p2, it is [d - sqrt((p1 - l1)^2 + (u2 - p2)^2),
+    d + sqrt((u1 - p1)^2 + (p2 - l2)^2)]. Near-nominal coverage at small counts and rates near
+    0, where the Wald difference interval collapses to a point."""
+    p1 = x1 / n1 if n1 else 0.0
+    p2 = x2 / n2 if n2 else 0.0
+    l1, u1 = wilson_interval(x1, n1, z)
+    l2, u2 = wilson_interval(x2, n2, z)
+    d = p1 - p2
+    return d - math.hypot(p1 - l1, u2 - p2), d + math.hypot(u1 - p1, p2 - l2)
+
+
+def _rate_test(concurrency: int, candidate: tuple[int, int], baseline: tuple[int, int],
+               promote: PromoteSpec) -> QualityLevel:
+    """One level's test on (pairs, mismatches) counts: the lower confidence bound of the
+    candidate's excess mismatch rate over the baseline's own must not exceed the tolerance. A
+    bound on a rate, not a count of mismatches, so that more repeats of a candidate sharpen the
+    estimate instead of making rejection likelier by themselves."""
+    q, z = promote.quality, _z(promote.confidence)
+    (n1, x1), (n2, x2) = candidate, baseline
+    lo = (newcombe_interval(x1, n1, x2, n2, z)[0] if q.calibrate_with_baseline_repeat
+          else wilson_interval(x1, n1, z)[0])
+    return QualityLevel(concurrency, n1, x1, n2, x2, lo, lo <= q.max_mismatch_fraction)
+
+
+def _add(counts: dict[int, tuple[int, int]], level: int, pairs: int, bad: int) -> None:
+    """Add (pairs, mismatches) to a level's counts."""
+    n, x = counts.get(level, (0, 0))
+    counts[level] = (n + pairs, x + bad)
+
+
+def _compare_runs(points: Sequence[PointStats], ref: _Reference
+                  ) -> tuple[dict[int, tuple[int, int]], set[int], list[str]]:
+    """A candidate's runs of one workload against the reference: (pairs, mismatches) per level,
+    the requests some run got wrong, and the runs that cannot be compared."""
+    counts: dict[int, tuple[int, int]] = {}
+    bad: set[int] = set()
+    problems: list[str] = []
+    for p in points:
+        for ph, d in zip(p.prompt_hashes, p.digests, strict=True):
+            if not d:
+                problems.append(f"{p.label} recorded no output digests")
+            elif len(d) != len(ref.digests) or (ph and ref.prompt_hash
+                                                and ph != ref.prompt_hash):
+                problems.append(f"{p.label} was sent different prompts than the baseline")
+            else:
+                idx = _mismatches(d, ref.digests)
+                _add(counts, p.concurrency, len(d), len(idx))
+                bad.update(idx)
+    return counts, bad, problems
 
 
 def quality_check(candidate: Sequence[PointStats], refs: Mapping[str, _Reference],
                   missing: Mapping[str, str], promote: PromoteSpec) -> QualityCheck:
-    """Compare a candidate's outputs in one band with the baseline's, request by request."""
-    q = promote.quality
-    requests = mismatched = excused = unstable = 0
-    examples: list[str] = []
+    """Test a candidate's output mismatch rate in one band against the baseline's, at every
+    concurrency level of the band (the class's workloads pooled per level)."""
+    calibrated = promote.quality.calibrate_with_baseline_repeat
+    cand: dict[int, tuple[int, int]] = {}
+    base: dict[int, tuple[int, int]] = {}
+    bad: set[tuple[str, int]] = set()
     problems: list[str] = []
+    requests = 0
     for workload in sorted({p.workload for p in candidate}):
         if workload in missing:
             problems.append(missing[workload])
             continue
         ref = refs[workload]
-        excusable = ref.unstable if q.calibrate_with_baseline_repeat else frozenset()
-        if q.calibrate_with_baseline_repeat and ref.runs < 2:
-            problems.append(f"the baseline has one run with digests for {workload}; "
-                            "calibration needs two")
-        bad: set[int] = set()
-        for p in (p for p in candidate if p.workload == workload):
-            for ph, d in zip(p.prompt_hashes, p.digests, strict=True):
-                if not d:
-                    problems.append(f"{p.label} recorded no output digests")
-                elif len(d) != len(ref.digests) or (ph and ref.prompt_hash
-                                                    and ph != ref.prompt_hash):
-                    problems.append(f"{p.label} was sent different prompts than the baseline")
-                else:
-                    pairs = enumerate(zip(d, ref.digests, strict=False))
-                    bad.update(i for i, (x, y) in pairs if x != y)
+        mine = [p for p in candidate if p.workload == workload]
+        for c in sorted({p.concurrency for p in mine}):
+            _add(base, c, *ref.baseline.get(c, (0, 0)))
+            if calibrated and c not in ref.baseline:
+                problems.append(f"the baseline recorded no output digests for {workload} at "
+                                f"c={c}: its own mismatch rate there is unknown")
+        counts, wrong, run_problems = _compare_runs(mine, ref)
+        for c, (n, x) in counts.items():
+            _add(cand, c, n, x)
+        bad.update((workload, i) for i in wrong)
+        problems += run_problems
         requests += len(ref.digests)
-        mismatched += len(bad)
-        excused += len(bad & excusable)
-        unstable += len(ref.unstable)
-        examples += [f"{workload}#{i}" for i in sorted(bad - excusable)]
-    unexcused = mismatched - excused
+    levels = tuple(_rate_test(c, cand.get(c, (0, 0)), base[c], promote) for c in sorted(base))
     problem = "; ".join(dict.fromkeys(problems)) or None
-    passed = problem is None and requests > 0 and unexcused <= q.max_mismatch_fraction * requests
-    return QualityCheck(requests, mismatched, excused, unexcused, unstable,
-                        q.max_mismatch_fraction, passed, tuple(examples[:8]), problem)
+    passed = problem is None and requests > 0 and all(lv.passed for lv in levels)
+    return QualityCheck(requests, promote.quality.max_mismatch_fraction, passed, levels,
+                        calibrated, tuple(f"{w}#{i}" for w, i in sorted(bad)[:8]), problem)
 
 
 def slo_violations(points: Iterable[PointStats], promote: PromoteSpec) -> list[str]:
@@ -714,9 +788,11 @@ class _BandInputs:
     candidates: Mapping[str, list[PointStats]]
     """Candidate points by engine hash."""
     baseline_points: tuple[PointStats, ...]
-    """The opening baseline points of the class."""
-    baseline: Mapping[tuple[str, int], list[float]]
-    """Baseline throughput at (workload, concurrency), opening and closing runs pooled."""
+    """The baseline points of the class (every baseline start pooled)."""
+    baseline_hash: str
+    blocks: Mapping[tuple[str, int], list[racing.Block]]
+    """Every engine start's usable windows at (workload, concurrency)."""
+    noise: Mapping[tuple[str, int], racing.Noise]
     refs: Mapping[str, _Reference]
     missing_refs: Mapping[str, str]
     """Workloads without a usable baseline reference, with why."""
@@ -724,6 +800,8 @@ class _BandInputs:
     """Engine hashes the headroom check refused."""
     drift: tuple[Drift, ...]
     promote: PromoteSpec
+    stage: racing.Stage | None = None
+    """Which engine starts the speedups use (None: all of them)."""
 
 
 def _failed_reasons(pts: Sequence[PointStats]) -> list[Reason]:
@@ -741,20 +819,42 @@ def _quality_gate(ok: Sequence[PointStats], inputs: _BandInputs
     quality = quality_check(ok, inputs.refs, inputs.missing_refs, inputs.promote)
     if quality.passed:
         return quality, []
-    detail = quality.problem or (
-        f"{quality.unexcused} of {quality.requests} requests differ from the baseline "
-        f"({quality.fraction:.1%} > {quality.tolerance:.1%}; {quality.excused} more "
-        f"excused as baseline-unstable); e.g. {', '.join(quality.examples)}")
+    detail = quality.problem or _quality_detail(quality, inputs.promote.confidence)
     return quality, [Reason("quality", detail)]
 
 
+def _quality_detail(q: QualityCheck, confidence: float) -> str:
+    """Each failing level with both rates, the bound that failed and the tolerance."""
+    parts = []
+    for lv in (lv for lv in q.levels if not lv.passed):
+        base = (f"the baseline's own {lv.baseline_mismatches} of {lv.baseline_pairs} "
+                f"({lv.baseline_rate:.1%})" if q.calibrated
+                else "a baseline taken as exact (calibration off)")
+        parts.append(f"at c={lv.concurrency} {lv.candidate_mismatches} of {lv.candidate_pairs} "
+                     f"(run, request) pairs differ from the baseline's reference "
+                     f"({lv.candidate_rate:.1%}) vs {base}: the {confidence:.0%} lower bound of "
+                     f"the excess, {lv.diff_lo:.1%}, exceeds the tolerance {q.tolerance:.1%}")
+    detail = "; ".join(parts) or "no requests were compared"
+    return detail + (f"; e.g. {', '.join(q.examples)}" if q.examples else "")
+
+
 def _speedups(ok: Sequence[PointStats], inputs: _BandInputs) -> list[PointSpeedup]:
-    """Candidate vs pooled baseline at each usable point."""
+    """Candidate vs the time-local baseline at each usable point (engine starts as replicates)."""
     out = []
+    promote = inputs.promote
     for p in ok:
-        b = inputs.baseline[(p.workload, p.concurrency)]
-        est, cv = ratio_ci(p.values, b, inputs.promote, p.engine_hash, p.workload, p.concurrency)
-        out.append(PointSpeedup(p.workload, p.concurrency, est, p.n_ok, len(b), cv))
+        key = (p.workload, p.concurrency)
+        blocks = racing.filter_stage(inputs.blocks.get(key, []), inputs.stage)
+        c = racing.contrast([b for b in blocks if b.engine_hash == p.engine_hash],
+                            [b for b in blocks if b.engine_hash == inputs.baseline_hash],
+                            inputs.noise[key])
+        if c is None:
+            continue
+        lo, hi = c.interval(promote.confidence)
+        out.append(PointSpeedup(
+            p.workload, p.concurrency, Estimate(c.speedup, lo, hi, promote.confidence),
+            c.n_windows, c.n_baseline_windows, c.cv, c.p_above(1 + promote.margin),
+            c.n_blocks, c.n_baseline_blocks, c.replicated))
     return out
 
 
@@ -766,15 +866,16 @@ def _speedup_reason(s: PointSpeedup, promote: PromoteSpec) -> Reason | None:
         return None
     detail = (f"lower bound {e.lo:.3f} < {threshold:.3f} at {s.workload} c={s.concurrency} "
               f"(speedup {e.value:.3f}, {e.confidence:.0%} CI [{e.lo:.3f}, {e.hi:.3f}], "
-              f"n={s.n_candidate}/{s.n_baseline})")
-    need = repeats_needed(e.value, threshold, s.cv, promote.confidence)
+              f"{s.starts}/{s.baseline_starts} engine starts, {s.n_candidate}/{s.n_baseline} "
+              "windows)")
+    need = starts_needed(s, threshold, promote.confidence)
     if e.hi < 1:
         detail += "; slower than the baseline"
     elif need is None:
         detail += f"; the gain is below the {promote.margin:.0%} margin"
     else:
-        detail += (f"; inconclusive: about {need} repeats per side would settle it at the "
-                   f"observed noise (CV {s.cv:.1%})")
+        detail += (f"; inconclusive: about {need} engine starts per side would settle it at the "
+                   f"observed noise")
     return Reason("speedup", detail)
 
 
@@ -796,6 +897,9 @@ def _verdict(inputs: _BandInputs, pts: Sequence[PointStats]) -> Verdict:
     reasons += [Reason("slo", v) for v in slo_violations(ok, inputs.promote)]
     speedups = _speedups(ok, inputs)
     reasons += [r for s in speedups if (r := _speedup_reason(s, inputs.promote)) is not None]
+    if ok and len(speedups) < len(ok):
+        reasons.append(Reason("speedup", f"not measured on {inputs.stage or 'any'} engine starts "
+                                         "at every point of the band"))
     return Verdict(
         engine_hash=engine.engine_hash, engine=engine.engine, drafter=engine.drafter,
         method=engine.method, num_speculative_tokens=engine.num_speculative_tokens,
@@ -811,8 +915,9 @@ def _band_verdicts(inputs: _BandInputs, band: Band) -> list[Verdict]:
     """A verdict for every candidate measured in the band where the baseline was too."""
     verdicts = []
     for _, pts in sorted(inputs.candidates.items()):
-        in_band = [p for p in pts
-                   if p.concurrency in band and (p.workload, p.concurrency) in inputs.baseline]
+        in_band = [p for p in pts if p.concurrency in band
+                   and any(b.concurrency == p.concurrency and b.workload == p.workload
+                           for b in inputs.baseline_points)]
         if in_band:
             verdicts.append(_verdict(inputs, in_band))
     return verdicts
@@ -820,10 +925,10 @@ def _band_verdicts(inputs: _BandInputs, band: Band) -> list[Verdict]:
 
 def _band_notes(inputs: _BandInputs, band: Band) -> list[str]:
     """Baseline drift in the band, and SLOs the baseline itself breaks there."""
-    notes = [f"the baseline drifted {d.ratio.value - 1:+.1%} between the start and the end of "
-             f"the sweep at {d.workload} c={d.concurrency} (CI [{d.ratio.lo - 1:+.1%}, "
-             f"{d.ratio.hi - 1:+.1%}]); both brackets are pooled as the baseline, which widens "
-             "every speedup CI"
+    notes = [f"the baseline moved {d.ratio - 1:+.1%} between engine starts #{d.seq_from} and "
+             f"#{d.seq_to} at {d.workload} c={d.concurrency} (beyond noise, z={d.z:.1f}); "
+             "candidates are compared with the baseline interpolated in time, and racing "
+             "re-measures what ran between them"
              for d in inputs.drift if d.concurrency in band and d.flagged]
     in_band = [p for p in inputs.baseline_points if p.concurrency in band]
     notes += [f"the baseline itself breaks an SLO ({v}): this band needs capacity, which "
@@ -840,8 +945,9 @@ def _winner_reasons(winner: Verdict, promote: PromoteSpec) -> tuple[str, ...]:
         f"bound {w.speedup.lo:.3f} >= {1 + promote.margin:.3f} at its worst point "
         f"{w.workload} c={w.concurrency} (speedup {w.speedup.value:.3f}, "
         f"{w.speedup.confidence:.0%} CI [{w.speedup.lo:.3f}, {w.speedup.hi:.3f}])",
-        f"quality: {q.unexcused} of {q.requests} requests differ unexcused "
-        f"(tolerance {q.tolerance:.1%}; {q.excused} excused as baseline-unstable)"
+        f"quality: mismatched (run, request) pairs {q.summary}; the {promote.confidence:.0%} "
+        f"lower bound of the excess over the baseline's rate is within the tolerance "
+        f"{q.tolerance:.1%} at every level"
         if q is not None else "quality: not evaluated",
         "latency SLOs met at the worst repeat"
         if any(b is not None for b in promote.slo.model_dump().values())
@@ -858,23 +964,24 @@ def _off_reasons(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
             f"(rejected by {', '.join(f'{g} x{n}' for g, n in by_gate.items())})",)
 
 
-def _decide_band(inputs: _BandInputs, band: Band) -> Decision:
-    """The winner of one band (or "off"), every candidate ranked, with the reasons."""
+def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
+                 unresolved: str = "") -> Decision:
+    """The winner of one band (or "off"/"unresolved"), every candidate ranked, with reasons."""
     levels = tuple(sorted({p.concurrency for p in inputs.baseline_points if p.concurrency in band}))
-    verdicts = _band_verdicts(inputs, band)
     eligible = [v for v in verdicts if v.eligible]
     rejected = sorted((v for v in verdicts if not v.eligible), key=_tie_key)
     winner: Verdict | None = None
-    if eligible:
+    if eligible and not unresolved:
         winner, others = pick(eligible, inputs.promote.tie_tolerance)
         reasons = _winner_reasons(winner, inputs.promote)
         candidates = (winner, *sorted(others, key=lambda v: -(v.score or 0.0)), *rejected)
     else:
-        reasons = _off_reasons(verdicts)
-        candidates = tuple(rejected)
+        reasons = (f"unresolved: {unresolved}",) if unresolved else _off_reasons(verdicts)
+        candidates = (*sorted(eligible, key=_tie_key), *rejected)
     return Decision(traffic_class=inputs.traffic_class, band=band, levels=levels,
                     workloads=inputs.workloads, winner=winner, candidates=candidates,
-                    reasons=reasons, notes=tuple(_band_notes(inputs, band)))
+                    reasons=reasons, notes=tuple(_band_notes(inputs, band)),
+                    unresolved=unresolved)
 
 
 def _n_per_band(decisions: Sequence[Decision], drafter: str, tie_tolerance: float
@@ -937,20 +1044,32 @@ def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: Poi
 
 def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
             closing_baseline: Iterable[Measurement] = (),
-            refused_by_headroom: Collection[str] = frozenset()) -> Analysis:
+            refused_by_headroom: Collection[str] = frozenset(),
+            family: Literal["holm", "none"] = "holm",
+            stage: racing.Stage | None = None,
+            race: Mapping[tuple[str, str], racing.BandState] | None = None) -> Analysis:
     """Decide every traffic class and band of a sweep.
 
-    `measurements`: every window of the sweep, the baseline's opening runs included.
-    `closing_baseline`: baseline windows measured again at the end of the sweep (drift check;
-    pooled into the baseline). `refused_by_headroom`: engine hashes the headroom check refused.
+    `measurements`: every window of the sweep, the baseline's first start included.
+    `closing_baseline`: the baseline's later engine starts (drift, time-local baseline, output
+    self-agreement). `refused_by_headroom`: engine hashes the headroom check refused.
+    `family="holm"` (a grid sweep) corrects the speedup tests over every class x band x
+    candidate; "none" leaves them per comparison (racing's exploration views). `stage` limits the
+    speedups to exploration or confirmation starts. `race`: racing's final band states; the
+    selected candidate of each band is then judged on its confirmation starts only and the others
+    by how the race eliminated them.
     Raises AnalysisError, listing every point to (re-)measure, when the data cannot carry a
     decision."""
-    points = aggregate(measurements, promote, "open")
-    closing = aggregate(closing_baseline, promote, "close")
+    opening, closing_ms = _placed(list(measurements), list(closing_baseline))
+    points = aggregate(opening, promote, "open")
+    closing = aggregate(closing_ms, promote, "close")
+    blocks = racing.blocks_by_point(
+        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
+         m.stage, m.output_throughput) for m in (*opening, *closing_ms) if _exclusion(m) is None)
     refused = frozenset(refused_by_headroom)
     problems = [f"closing_baseline holds {p.label}, which is not the baseline"
                 for p in closing if not p.is_baseline]
-    results = []
+    staged = []
     for traffic_class in sorted({p.traffic_class for p in points}):
         pts = [p for p in points if p.traffic_class == traffic_class]
         base_pts, problem = _class_baseline(traffic_class, pts)
@@ -958,17 +1077,20 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
             problems.append(problem)
             continue
         cand = _candidates(pts)
-        problems += _coverage_problems(base_pts, cand, refused, promote)
+        problems += _coverage_problems(base_pts, cand, refused, promote, race is not None)
         bands, band_problems, band_notes = bands_for(promote, [p.concurrency for p in base_pts])
         problems += band_problems
         if problems:
             continue  # keep checking the other classes, but decide nothing
         close_pts = [p for p in closing if p.engine_hash == base_pts[0].engine_hash
                      and p.traffic_class == traffic_class]
-        results.append(_decide_class(traffic_class, bands, band_notes, base_pts, close_pts,
-                                     cand, refused, promote))
+        staged.append(_class_verdicts(traffic_class, bands, band_notes, base_pts, close_pts,
+                                      cand, refused, promote, blocks, stage, race))
     if problems:
         raise AnalysisError(problems)
+    if family == "holm" and race is None:
+        staged = _family_corrected(staged, promote)
+    results = [_decide_class(s, race) for s in staged]
     return Analysis(tuple(results), tuple(points), tuple(closing),
                     promote.model_dump(mode="json"), tuple(sorted(refused)))
 
@@ -997,8 +1119,10 @@ def _candidates(pts: Sequence[PointStats]) -> dict[str, list[PointStats]]:
 
 
 def _coverage_problems(base_pts: Sequence[PointStats], cand: Mapping[str, list[PointStats]],
-                       refused: Collection[str], promote: PromoteSpec) -> list[str]:
-    """Points with too few repeats, and points one side measured but the other did not."""
+                       refused: Collection[str], promote: PromoteSpec, raced: bool = False
+                       ) -> list[str]:
+    """Points with too few repeats, and points one side measured but the other did not (a race
+    measures a candidate only where it still contends, so there only the baseline must cover)."""
     problems = [_too_few(p, promote, "the baseline") for p in base_pts
                 if p.n_ok < promote.min_repeats]
     grid = sorted({(p.workload, p.concurrency) for p in base_pts})
@@ -1008,6 +1132,8 @@ def _coverage_problems(base_pts: Sequence[PointStats], cand: Mapping[str, list[P
         have = {(p.workload, p.concurrency): p for p in cps}
         for w, c in grid:
             point = have.get((w, c))
+            if point is None and raced:
+                continue
             if point is None:
                 problems.append(f"{cps[0].engine} ({engine_hash}) has no window at {w} c={c}; "
                                 f"measure it ({promote.min_repeats} repeats)")
@@ -1027,46 +1153,156 @@ def _too_few(p: PointStats, promote: PromoteSpec, who: str) -> str:
             "re-measure this point")
 
 
-def _pooled_baseline(base_pts: Sequence[PointStats], close_pts: Sequence[PointStats],
-                     promote: PromoteSpec
-                     ) -> tuple[dict[tuple[str, int], list[float]], list[Drift], list[str]]:
-    """Opening and closing baseline runs pooled per point, the drift between them, and notes."""
-    closing = {(p.workload, p.concurrency): p for p in close_pts}
-    base: dict[tuple[str, int], list[float]] = {}
-    drift, notes = [], []
-    for p in base_pts:
-        end = closing.get((p.workload, p.concurrency))
-        base[(p.workload, p.concurrency)] = [*p.values, *(end.values if end else ())]
-        if end is not None and end.n_ok:
-            drift.append(Drift(p.workload, p.concurrency,
-                               drift_ratio(p.values, end.values, promote, p.workload,
-                                           p.concurrency), p.n_ok, end.n_ok))
-        elif end is not None:
-            notes.append(f"every closing baseline run at {p.workload} c={p.concurrency} failed: "
-                         "drift unchecked there")
-    if not close_pts:
-        notes.append("the baseline was not measured again at the end of the sweep: drift "
-                     "unchecked")
-    return base, drift, notes
+def _decide_class(staged: _ClassVerdicts,
+                  race: Mapping[tuple[str, str], racing.BandState] | None) -> ClassResult:
+    """Every band's decision and the deployment of one class."""
+    inputs, promote = staged.inputs, staged.inputs.promote
+    decisions = []
+    for band, verdicts in zip(staged.bands, staged.verdicts, strict=True):
+        state = race.get((inputs.traffic_class, band.label)) if race is not None else None
+        unresolved = state.why if state is not None and state.status == "unresolved" else ""
+        decisions.append(_decide_band(inputs, band, verdicts, unresolved))
+    explicit = bool(promote.concurrency_bands)
+    deployment, dep_notes = _deployment(inputs.traffic_class, decisions,
+                                        inputs.baseline_points[0],
+                                        staged.bands[-1].hi if explicit else None,
+                                        promote.tie_tolerance)
+    return ClassResult(inputs.traffic_class, staged.bands, tuple(decisions), deployment,
+                       inputs.drift, tuple([*staged.notes, *dep_notes]))
 
 
-def _decide_class(traffic_class: str, bands: Sequence[Band], band_notes: Sequence[str],
-                  base_pts: Sequence[PointStats], close_pts: Sequence[PointStats],
-                  cand: Mapping[str, list[PointStats]], refused: Collection[str],
-                  promote: PromoteSpec) -> ClassResult:
-    """Drift, quality references, every band's decision and the deployment of one class."""
-    base, drift, drift_notes = _pooled_baseline(base_pts, close_pts, promote)
+def starts_needed(s: PointSpeedup, threshold: float, confidence: float, power: float = 0.8
+                  ) -> int | None:
+    """Engine starts per side that would put the lower bound above `threshold` with `power`,
+    if the observed speedup and noise hold (None when the speedup is below the threshold)."""
+    e = s.speedup
+    gap = math.log(e.value) - math.log(threshold)
+    if gap <= 0:
+        return None
+    if e.hi == e.lo:
+        return max(2, s.starts)
+    se = (math.log(e.hi) - math.log(e.lo)) / (2 * _z(confidence))
+    need = s.starts * (se * (_z(confidence) + _z(2 * power - 1)) / gap) ** 2
+    return max(2, math.ceil(need))
+
+
+def band_p_value(v: Verdict) -> float:
+    """A band's speedup test: every point must clear 1 + margin (intersection-union), so its
+    p-value is the largest of its points'."""
+    return max((s.p_value for s in v.speedups), default=1.0)
+
+
+def _placed(opening: list[Measurement], closing: list[Measurement]
+            ) -> tuple[list[Measurement], list[Measurement]]:
+    """Windows with a run-order position. Records without one (`seq` -1) are placed as a grid
+    sweep runs them: the baseline first, candidates in hash order, the closing baseline last
+    (as the baseline's next engine start)."""
+    hashes = sorted({m.key.engine_hash for m in opening if m.method != BASELINE_METHOD})
+    order = {h: i + 1 for i, h in enumerate(hashes)}
+    last = len(hashes) + 1
+    first_block = {m.key.engine_hash: m.key.block for m in opening}
+
+    def place(m: Measurement, is_closing: bool) -> Measurement:
+        if m.seq >= 0:
+            return m
+        if is_closing:
+            block = max(m.key.block, first_block.get(m.key.engine_hash, 0) + 1)
+            return dataclasses.replace(m, seq=last, key=dataclasses.replace(m.key, block=block))
+        return dataclasses.replace(m, seq=order.get(m.key.engine_hash, 0))
+
+    return [place(m, False) for m in opening], [place(m, True) for m in closing]
+
+
+@dataclass(frozen=True)
+class _ClassVerdicts:
+    """One class's verdicts per band, before the family correction and the pick."""
+
+    inputs: _BandInputs
+    bands: tuple[Band, ...]
+    verdicts: tuple[tuple[Verdict, ...], ...]
+    """Per band."""
+    notes: tuple[str, ...]
+
+
+def _class_verdicts(traffic_class: str, bands: Sequence[Band], band_notes: Sequence[str],
+                    base_pts: Sequence[PointStats], close_pts: Sequence[PointStats],
+                    cand: Mapping[str, list[PointStats]], refused: Collection[str],
+                    promote: PromoteSpec, blocks: Mapping[tuple[str, int], list[racing.Block]],
+                    stage: racing.Stage | None,
+                    race: Mapping[tuple[str, str], racing.BandState] | None) -> _ClassVerdicts:
+    """Noise, drift and quality references of one class, and every candidate's verdicts."""
+    baseline_hash = base_pts[0].engine_hash
+    workloads = tuple(sorted({p.workload for p in base_pts}))
+    mine = {k: v for k, v in blocks.items() if k[0] in workloads}
+    noise = {k: racing.block_noise(v, baseline_hash) for k, v in mine.items()}
+    drift = [Drift(w, c, d.seq_from, d.seq_to, d.ratio, d.z, d.flagged)
+             for (w, c), bs in sorted(mine.items())
+             for d in racing.drift_steps([b for b in bs if b.engine_hash == baseline_hash],
+                                         noise[(w, c)])]
+    notes = list(band_notes)
+    if not any(b.engine_hash == baseline_hash and b.block > 0 for bs in mine.values()
+               for b in bs):
+        notes.append("the baseline was measured on one engine start only: drift unchecked")
+    if not all(n.replicated for n in noise.values()):
+        notes.append("no engine config was started twice at some points: their intervals treat "
+                     "windows as independent (measure the baseline again to fix this)")
     refs, missing = _references([*base_pts, *close_pts])
     inputs = _BandInputs(
-        traffic_class=traffic_class, workloads=tuple(sorted({p.workload for p in base_pts})),
-        candidates=cand, baseline_points=tuple(base_pts), baseline=base, refs=refs,
-        missing_refs=missing, refused=refused, drift=tuple(drift), promote=promote)
-    decisions = tuple(_decide_band(inputs, band) for band in bands)
-    explicit = bool(promote.concurrency_bands)
-    deployment, dep_notes = _deployment(traffic_class, decisions, base_pts[0],
-                                        bands[-1].hi if explicit else None, promote.tie_tolerance)
-    return ClassResult(traffic_class, tuple(bands), decisions, deployment, tuple(drift),
-                       tuple([*band_notes, *drift_notes, *dep_notes]))
+        traffic_class=traffic_class, workloads=workloads, candidates=cand,
+        baseline_points=tuple(base_pts), baseline_hash=baseline_hash, blocks=mine, noise=noise,
+        refs=refs, missing_refs=missing, refused=refused, drift=tuple(drift), promote=promote,
+        stage=stage)
+    verdicts = []
+    for band in bands:
+        state = race.get((traffic_class, band.label)) if race is not None else None
+        verdicts.append(tuple(_raced(inputs, band, state) if race is not None
+                              else _band_verdicts(inputs, band)))
+    return _ClassVerdicts(inputs, tuple(bands), tuple(verdicts), tuple(notes))
+
+
+def _raced(inputs: _BandInputs, band: Band, state: racing.BandState | None) -> list[Verdict]:
+    """A racing sweep's verdicts in one band: the selected candidate judged on its confirmation
+    starts only, every other candidate on all its data with how the race dropped it."""
+    selected = state.contenders[0] if state is not None and state.status in (
+        "confirmed", "confirming", "unresolved") and len(state.contenders) == 1 else None
+    confirm_inputs = dataclasses.replace(inputs, stage="confirm")
+    why = dict(state.dropped) if state is not None else {}
+    out = []
+    for v in _band_verdicts(inputs, band):
+        if v.engine_hash == selected and state is not None:
+            pts = [p for p in inputs.candidates[v.engine_hash] if p.concurrency in band]
+            cv = _verdict(confirm_inputs, pts)
+            if state.status != "confirmed" and cv.eligible:
+                cv = dataclasses.replace(cv, rejected=(Reason("race", state.why),))
+            out.append(cv)
+        elif v.eligible or v.engine_hash in why:
+            reason = why.get(v.engine_hash) or "not selected by the race"
+            out.append(dataclasses.replace(v, rejected=(*v.rejected, Reason("race", reason))))
+        else:
+            out.append(v)
+    return out
+
+
+def _family_corrected(staged: Sequence[_ClassVerdicts], promote: PromoteSpec
+                      ) -> list[_ClassVerdicts]:
+    """Holm over the deployment's whole family: every class x band x measured candidate.
+    A candidate whose band clears 1 + margin per comparison but not after the correction is
+    rejected by the "family" gate."""
+    alpha = (1 - promote.confidence) / 2
+    family = [(i, j, k) for i, s in enumerate(staged) for j, vs in enumerate(s.verdicts)
+              for k, v in enumerate(vs) if v.speedups]
+    pvals = [band_p_value(staged[i].verdicts[j][k]) for i, j, k in family]
+    rejected = racing.holm(pvals, alpha)
+    out = [[list(vs) for vs in s.verdicts] for s in staged]
+    for (i, j, k), p, ok in zip(family, pvals, rejected, strict=True):
+        v = out[i][j][k]
+        if not ok and v.eligible:
+            out[i][j][k] = dataclasses.replace(v, rejected=(Reason(
+                "family", f"p = {p:.2g} for speedup <= {1 + promote.margin:.3f} does not pass "
+                f"Holm's correction over the deployment's {len(family)} comparisons "
+                f"(alpha {alpha:.3g})"),))
+    return [dataclasses.replace(s, verdicts=tuple(tuple(vs) for vs in o))
+            for s, o in zip(staged, out, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1087,7 +1323,7 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
                 "speedup": s.value if s else None, "lo": s.lo if s else None,
                 "hi": s.hi if s else None,
                 "worst_point": f"{v.worst.workload} c={v.worst.concurrency}" if v.worst else None,
-                "quality": f"{q.unexcused}/{q.requests} (+{q.excused} excused)" if q else None,
+                "quality": q.summary if q else None,
                 "acceptance_rate": v.acceptance_rate,
                 "why": "; ".join(str(r) for r in v.rejected) or v.note,
             })

@@ -78,7 +78,8 @@ class Promotion:
     """The outcome of `promote_class` or `restore`."""
 
     traffic_class: str
-    status: Literal["promoted", "refused", "restored", "unchanged"]
+    status: Literal["promoted", "refused", "restored", "unchanged", "unresolved"]
+    """`unresolved`: some band of the class is undecided; the champion is left as it was."""
     version: str
     path: Path
     """The champion file, or the refused record."""
@@ -316,6 +317,15 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
     record = build_record(result, engines, promote)
     with _locked(cdir):
         old = champion(cdir.parent, result.traffic_class)
+        if any(d.outcome == "unresolved" for d in result.decisions) and not force:
+            # Never promote on an undecided band, not even "off": the champion stays.
+            version = _version(record, now)
+            record.update(version=version, created_at=now.isoformat(),
+                          previous=old["version"] if old else None)
+            path = cdir / "unresolved" / f"{version}.json"
+            atomic_write_json(path, record, before_replace)
+            return Promotion(result.traffic_class, "unresolved", version, path,
+                             record["previous"], GateResult(True), record)
         if old is not None and not force and \
                 _version(record, now).split("-", 1)[1] == old["version"].split("-", 1)[1]:
             # the same evidence again (a resumed or re-validated sweep with nothing new)

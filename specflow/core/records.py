@@ -25,11 +25,14 @@ class PointKey:
     concurrency: int
     """Max in-flight requests."""
     repeat: int
-    """Repeat index, from 0."""
+    """Repeat index within the engine start, from 0."""
+    block: int = 0
+    """Which engine start of this config (0 = its first); the replicate unit."""
 
     @property
     def id(self) -> str:
-        return f"{self.engine_hash}/{self.workload}/c{self.concurrency}/r{self.repeat}"
+        start = f"/b{self.block}" if self.block else ""
+        return f"{self.engine_hash}{start}/{self.workload}/c{self.concurrency}/r{self.repeat}"
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,15 @@ class Measurement:
     """Output tokens generated in the window."""
     artifacts: dict[str, str] = field(default_factory=dict)
     """Files the window left, by name (bench result JSON, bench and engine logs, counters)."""
+    seq: int = -1
+    """Position of this window's engine start in the sweep's run order (-1: not recorded;
+    analysis then assumes baseline first, candidates, closing baseline last)."""
+    stage: Literal["explore", "confirm"] = "explore"
+    """Racing stage of the engine start: selection data, or fresh confirmation data."""
+    round: int = 0
+    """Racing round the engine start belonged to."""
+    engine_s: float = 0.0
+    """Seconds from the engine's launch to the end of this window (engine time spent)."""
 
     @property
     def ok(self) -> bool:

@@ -396,6 +396,28 @@ class WorkloadSpec(_Model):
 # Sweep, promotion, backend, tracking
 
 
+class BudgetSpec(_Model):
+    """What a racing sweep may spend; a round that would exceed it is not started and the bands
+    still open are reported unresolved (never promoted) with the cost to settle them."""
+
+    engine_seconds: float | None = Field(default=None, gt=0, le=1e7)
+    """Engine time (start + windows), seconds; null: unbounded."""
+    windows: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Measured windows; null: unbounded."""
+    engine_starts: int | None = Field(default=None, ge=1, le=100_000)
+    """Engine starts; null: unbounded."""
+    max_rounds: int = Field(default=6, ge=1, le=100)
+    """Exploration rounds before the best contender is selected (or the band is unresolved)."""
+    confirm_starts: int = Field(default=2, ge=2, le=100)
+    """Fewest fresh engine starts of a band's winner per confirmation look."""
+    max_confirm_starts: int = Field(default=12, ge=2, le=1000)
+    """Most per look; a look is sized for power from the exploration estimate."""
+    confirm_looks: int = Field(default=2, ge=1, le=10)
+    """Confirmation looks; the error rate is split evenly over them."""
+    baseline_every: int = Field(default=4, ge=1, le=1000)
+    """Candidate engine starts between two baseline starts (the time-local baseline)."""
+
+
 class SweepSpec(_Model):
     """What to measure: proposal lengths per drafter, concurrency levels and repeats."""
 
@@ -414,6 +436,12 @@ class SweepSpec(_Model):
     baseline's agreement with itself that calibrates the output-equality gate (0 disables)."""
     max_engine_configs: int = Field(default=64, ge=1)
     """Refuse plans larger than this (each engine config is one engine start)."""
+    design: Literal["grid", "race"] = "grid"
+    """`grid`: every config once (one engine start each), the baseline before and after, Holm
+    over the deployment's family. `race`: rounds that drop what cannot win, then confirm each
+    band's winner on fresh engine starts (see `sweep.budget`)."""
+    budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec())
+    """What a racing sweep may spend."""
 
 
 class SloSpec(_Model):
@@ -433,9 +461,12 @@ class QualitySpec(_Model):
     """Quality gate: temperature-0 outputs must match the baseline's."""
 
     max_mismatch_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
-    """Allowed fraction of requests whose output differs beyond the baseline's own disagreement."""
+    """Allowed excess of the candidate's per-(run, request) output mismatch rate over the
+    baseline's own at each concurrency level (judged at the lower confidence bound of the
+    difference; 0: no excess beyond noise)."""
     calibrate_with_baseline_repeat: bool = True
-    """Run the baseline twice and excuse divergences it shows with itself."""
+    """Measure the baseline's own mismatch rate per concurrency level from its repeated runs
+    (opening and closing) and test the candidate against it; false takes it as 0, exactly."""
 
 
 class PromoteSpec(_Model):

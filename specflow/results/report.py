@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from specflow.core.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
 from specflow.core.fsio import atomic_write
+from specflow.core.rounds import Round
 
 
 @dataclass(frozen=True)
@@ -195,12 +196,18 @@ def _settings_line(analysis: Analysis) -> str:
     slos = [f"{k} <= {v:g}" for k, v in s["slo"].items() if v is not None]
     return (
         f"Decided under: speedup lower bound >= {1 + s['margin']:.3f} (margin {s['margin']:.1%}); "
-        f"{s['confidence']:.0%} bootstrap CIs ({s['bootstrap_samples']} resamples, seed "
-        f"{s['seed']}, widened to Welch's t width); ties within {s['tie_tolerance']:.0%} go to the "
+        f"{s['confidence']:.0%} t intervals with engine starts as replicates, each candidate "
+        "start compared with the baseline interpolated in time between the baseline starts "
+        "around it; errors bounded per deployment (grid: Holm over every class x band x "
+        "candidate; race: the winner confirmed on fresh engine starts, Holm over bands); "
+        f"ties within {s['tie_tolerance']:.0%} go to the "
         f"smaller N, then the cheaper method; >= {s['min_repeats']} usable repeats per point. "
-        f"Quality gate: temperature-0 outputs equal to the baseline's request by request, "
-        f"tolerance {q['max_mismatch_fraction']:.1%} of requests, mismatches where the baseline "
-        f"disagrees with itself {'excused' if q['calibrate_with_baseline_repeat'] else 'counted'}. "
+        f"Quality gate: at each concurrency level, the share of (run, request) pairs whose "
+        f"temperature-0 output differs from the baseline's may exceed "
+        + ("the baseline's own share" if q["calibrate_with_baseline_repeat"]
+           else "zero (uncalibrated)")
+        + f" by at most {q['max_mismatch_fraction']:.1%} at the {s['confidence']:.0%} lower "
+        "bound. "
         f"Latency SLOs (worst repeat): {', '.join(slos) if slos else 'none'}."
     )
 
@@ -225,14 +232,14 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
                      + "; ".join(d.reasons))
         lines += [f"  - note: {n}" for n in d.notes]
         if q is not None:
-            lines.append(f"  - quality: {q.mismatched} of {q.requests} requests differ; "
-                         f"{q.excused} excused (the baseline disagrees with itself on "
-                         f"{q.unstable_baseline}); tolerance {q.tolerance:.1%}")
+            lines.append(f"  - quality: mismatched (run, request) pairs {q.summary} over "
+                         f"{q.requests} requests; tolerance {q.tolerance:.1%} over the "
+                         "baseline's rate")
     if r.notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in r.notes]
     lines += ["", "### Decision table", "",
               "| band | candidate | method | N | verdict | speedup | CI | worst point | "
-              "quality (unexcused/requests) | acceptance | why |",
+              "quality (mismatched/pairs) | acceptance | why |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in decision_rows(r):
         ci = "-" if row["lo"] is None else f"[{row['lo']:.3f}, {row['hi']:.3f}]"
@@ -240,13 +247,12 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
             row["band"], row["engine"], row["method"], row["N"], row["verdict"], row["speedup"],
             ci, row["worst_point"], row["quality"], row["acceptance_rate"], row["why"])) + " |")
     if r.drift:
-        lines += ["", "### Baseline drift (end of sweep / start)", "",
-                  "| workload | concurrency | ratio | CI | runs (start/end) | flagged |",
+        lines += ["", "### Baseline between its engine starts", "",
+                  "| workload | concurrency | starts | later / earlier | z | beyond noise |",
                   "|---|---|---|---|---|---|"]
         for d in r.drift:
-            lines.append(f"| {d.workload} | {d.concurrency} | {d.ratio.value:.3f} | "
-                         f"[{d.ratio.lo:.3f}, {d.ratio.hi:.3f}] | {d.n_start}/{d.n_end} | "
-                         f"{'**yes**' if d.flagged else 'no'} |")
+            lines.append(f"| {d.workload} | {d.concurrency} | #{d.seq_from} -> #{d.seq_to} | "
+                         f"{d.ratio:.3f} | {d.z:+.1f} | {'**yes**' if d.flagged else 'no'} |")
     failed = [p for p in analysis.points if p.traffic_class == r.traffic_class and p.failures]
     if failed:
         lines += ["", "### Excluded windows", "", "| engine | workload | concurrency | usable | "
@@ -265,9 +271,32 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
     return lines + [""]
 
 
-def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path(".")) -> str:
+def rounds_table(rounds: Sequence[Round]) -> list[str]:
+    """The race, round by round: what each round ran, dropped and selected, and the spend."""
+    if not rounds:
+        return []
+    lines = ["## Rounds", "", "| round | stage | engine starts | band states after | dropped "
+             "this round | spent (starts / windows / engine-s) |", "|---|---|---|---|---|---|"]
+    seen: set[tuple[str, str, str]] = set()
+    for r in rounds:
+        states = "; ".join(f"{b.traffic_class} {b.band}: {b.status}"
+                           + (f" ({', '.join(h[:8] for h in b.contenders)})"
+                              if b.status in ("exploring", "confirming", "confirmed") else "")
+                           for b in r.states)
+        dropped = [f"{b.traffic_class} {b.band}: {h[:8]} ({why})" for b in r.states
+                   for h, why in b.dropped if (b.traffic_class, b.band, h) not in seen]
+        seen |= {(b.traffic_class, b.band, h) for b in r.states for h, _ in b.dropped}
+        lines.append(f"| {r.index} | {r.stage} | {len(r.starts)} | {_cell(states)} | "
+                     f"{_cell('; '.join(dropped) or '-')} | {r.spent.engine_starts} / "
+                     f"{r.spent.windows} / {r.spent.engine_seconds:.0f} |")
+    return [*lines, ""]
+
+
+def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("."),
+             rounds: Sequence[Round] = ()) -> str:
     """The Markdown report (plot links relative to `base`)."""
     lines = ["# specflow decision report", "", _settings_line(analysis), ""]
+    lines += rounds_table(rounds)
     if analysis.excluded:
         lines += [f"Windows excluded as failed: {analysis.excluded} (counted per point below).",
                   ""]
@@ -279,12 +308,12 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
     return "\n".join(lines)
 
 
-def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md"
-                 ) -> ReportFiles:
+def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md",
+                 rounds: Sequence[Round] = ()) -> ReportFiles:
     """Write every plot and the Markdown report under out_dir; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(analysis, out)
     path = out / name
-    atomic_write(path, markdown(analysis, plots, out))
+    atomic_write(path, markdown(analysis, plots, out, rounds))
     return ReportFiles(path, tuple(plots))

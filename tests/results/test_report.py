@@ -40,7 +40,8 @@ def test_report_and_plots_from_hand_built_records(tmp_path: Path) -> None:
         assert p.read_bytes()[:8] == PNG
 
     text = files.report.read_text()
-    assert "tolerance 0.0% of requests" in text and "p99_tpot_ms <= 50" in text
+    assert "by at most 0.0% at the 95% lower bound" in text and "p99_tpot_ms <= 50" in text
+    assert "engine starts as replicates" in text and "Holm" in text
     assert "## Traffic class `math`" in text and "## Traffic class `chat`" in text
     assert "**Deploy: eagle3 (eagle3), schedule `[[1, 7, 3], [8, 8, 0]]`" in text
     assert "**Deploy: speculation off**" in text
@@ -53,7 +54,7 @@ def test_report_and_plots_from_hand_built_records(tmp_path: Path) -> None:
         ("c1", "ngram-n4", "rejected"), ("c1", "off (baseline)", "eligible"),
         ("c8", "eagle3-n2", "rejected"), ("c8", "eagle3-n3", "rejected"),
         ("c8", "ngram-n4", "rejected"), ("c8", "off (baseline)", "winner")]
-    assert "### Baseline drift (end of sweep / start)" in text
+    assert "### Baseline between its engine starts" in text and "| #0 -> #" in text
     assert "| eagle3-n3 | gsm8k | 8 | 3 | oom x1 |" in text  # excluded windows are counted
     assert "![speedup_vs_concurrency-math](speedup_vs_concurrency-math.png)" in text
     assert BASELINE.hash in text

@@ -1,0 +1,379 @@
+"""The sweep as an experiment: engine starts as replicates, a time-local baseline, error control
+per deployment, and racing rounds that spend engine starts only where a decision is still open.
+
+Pure (numpy and scipy only). `analysis` turns measured windows into `Block`s and asks this module
+for speedup estimates; the sweep steps ask it for the next round.
+
+Model, per point (workload x concurrency), on log output throughput:
+    y = mu_config + drift(t) + start effect (per engine start) + window noise.
+- The replicate unit is the engine start (`Block`): windows inside one start share its effect,
+  so a block's mean is the unit and its variance V is estimated from the spread of block means,
+  pooled over every config measured more than once at the point (df = sum of (starts - 1)); for
+  the baseline, whose blocks drift, from successive differences (von Neumann), which a slow drift
+  barely inflates. When only the baseline was started twice (a grid sweep: one start per
+  candidate, the closing baseline) one degree of freedom cannot carry an interval, so V falls
+  back to the within-start variance / windows, and the analysis says that its intervals do not
+  include start-to-start variation (racing, or more starts per config, fixes that).
+- Time-local baseline: each candidate start is compared with the baseline interpolated linearly
+  in run order between the baseline starts around it (the nearest one where it has a neighbour
+  on one side only). A linear drift cancels; the contrast's variance counts every block it uses.
+- A speedup is exp(contrast) with a t interval (Satterthwaite-free: V's own df), and a one-sided
+  p-value for "speedup <= 1 + margin".
+
+Error control (what `analysis` applies, see DESIGN.md "Deciding"):
+- Grid sweeps: Holm over the whole deployment's family (every class x band x candidate) at
+  alpha = (1 - confidence) / 2, one-sided.
+- Racing sweeps: selection and confirmation are separate. Exploration rounds select at most one
+  winner per band on exploration data; the winner must then beat the baseline on fresh engine
+  starts, with fresh baseline starts around them (stage "confirm"); the confirmation tests are
+  Holm-corrected over the bands being confirmed, and the alpha is split evenly over the allowed
+  confirmation looks (Bonferroni spending), so looking again after an inconclusive confirmation
+  cannot inflate the error. Exploration data never enter a confirmation test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+Stage = Literal["explore", "confirm"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """The usable windows of one engine start at one point: the replicate unit."""
+
+    engine_hash: str
+    block: int
+    """Index of this start among the config's starts (0, 1, ...)."""
+    seq: int
+    """Position of the engine start in the sweep's run order (time)."""
+    stage: Stage
+    logs: tuple[float, ...]
+    """Log output throughput of each usable window."""
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.logs))
+
+    @property
+    def m(self) -> int:
+        return len(self.logs)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The noise at one point: the variance of a block mean between engine starts (pooled over
+    configs) and each config's variance between windows."""
+
+    v_block: float
+    """Variance of a block's mean log throughput between engine starts (m_bar windows)."""
+    df: float
+    replicated: bool
+    """False when the starts cannot carry an interval (see `block_noise`): windows are then
+    treated as independent (Welch over each config's windows)."""
+    within: Mapping[str, tuple[float, int]]
+    """Per engine hash: variance of log throughput between windows of one start, and its df."""
+    m_bar: float = 1.0
+
+    @property
+    def cv(self) -> float:
+        """Pooled within-start coefficient of variation (sd of log throughput)."""
+        df = sum(d for _, d in self.within.values())
+        return math.sqrt(sum(v * d for v, d in self.within.values()) / df) if df else 0.0
+
+    def window_var(self, engine_hash: str) -> float:
+        v, df = self.within.get(engine_hash, (0.0, 0))
+        if df:
+            return v
+        pooled_df = sum(d for _, d in self.within.values())
+        return self.cv ** 2 if pooled_df else 0.0
+
+    def block_var(self, engine_hash: str, m: int) -> tuple[float, float]:
+        """Variance of one block mean of `m` windows, and the df it is known with."""
+        w = self.window_var(engine_hash) / m
+        if not self.replicated:
+            return w, float(max(1, self.within.get(engine_hash, (0.0, 0))[1]))
+        # Never below what the config's own windows imply (a lucky agreement of few blocks).
+        return max(self.v_block * self.m_bar / m, w), self.df
+
+
+def block_noise(blocks: Sequence[Block], baseline_hash: str) -> Noise:
+    """The noise at one point (see the module docstring). The between-start variance pools the
+    spread of block means over every config started more than once (the baseline's through
+    successive differences, which a slow drift barely inflates)."""
+    ss, df, df_cand = 0.0, 0, 0
+    by_config: dict[str, list[Block]] = defaultdict(list)
+    for b in blocks:
+        if b.m:
+            by_config[b.engine_hash].append(b)
+    within: dict[str, tuple[float, int]] = {}
+    for h, bs in by_config.items():
+        ssw = sum(float(np.sum((np.asarray(b.logs) - b.mean) ** 2)) for b in bs)
+        dfw = sum(b.m - 1 for b in bs)
+        within[h] = (ssw / dfw if dfw else 0.0, dfw)
+        if len(bs) < 2:
+            continue
+        means = np.array([b.mean for b in sorted(bs, key=lambda b: b.seq)])
+        if h == baseline_hash:
+            ss += float(np.sum(np.diff(means) ** 2)) / 2
+        else:
+            ss += float(np.sum((means - means.mean()) ** 2))
+            df_cand += len(bs) - 1
+        df += len(bs) - 1
+    m_bar = float(np.mean([b.m for bs in by_config.values() for b in bs])) if by_config else 1.0
+    replicated = bool(df_cand or df >= 2)
+    return Noise(ss / df if df else 0.0, df, replicated, within, m_bar)
+
+
+def baseline_weights(seq: int, baseline: Sequence[Block]) -> dict[int, float]:
+    """Weights over baseline blocks (by index in `baseline`) interpolating it at time `seq`."""
+    order = sorted(range(len(baseline)), key=lambda i: baseline[i].seq)
+    before = [i for i in order if baseline[i].seq <= seq]
+    after = [i for i in order if baseline[i].seq > seq]
+    if before and after:
+        i, j = before[-1], after[0]
+        gap = baseline[j].seq - baseline[i].seq
+        wj = (seq - baseline[i].seq) / gap
+        return {i: 1 - wj, j: wj}
+    nearest = before[-1] if before else after[0]
+    return {nearest: 1.0}
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """log(candidate / time-local baseline) at one point, with its standard error."""
+
+    log_ratio: float
+    se: float
+    df: float
+    n_blocks: int
+    n_baseline_blocks: int
+    n_windows: int
+    n_baseline_windows: int
+    replicated: bool
+    cv: float
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """Two-sided interval of the speedup (ratio scale)."""
+        if self.se == 0:
+            return math.exp(self.log_ratio), math.exp(self.log_ratio)
+        half = float(stats.t.ppf(0.5 + confidence / 2, self.df)) * self.se
+        return math.exp(self.log_ratio - half), math.exp(self.log_ratio + half)
+
+    def p_above(self, threshold: float) -> float:
+        """One-sided p-value of H0: speedup <= threshold."""
+        gap = self.log_ratio - math.log(threshold)
+        if self.se == 0:
+            return 0.0 if gap > 0 else 1.0
+        return float(stats.t.sf(gap / self.se, self.df))
+
+    @property
+    def speedup(self) -> float:
+        return math.exp(self.log_ratio)
+
+
+def contrast(candidate: Sequence[Block], baseline: Sequence[Block], noise: Noise
+             ) -> Contrast | None:
+    """Candidate blocks vs the baseline interpolated at each of their times (None without data).
+
+    Each candidate block weighs 1/B; the baseline blocks weigh what the interpolation gives them.
+    The variance sums each block's, with Satterthwaite's degrees of freedom."""
+    cand = [b for b in candidate if b.m]
+    base = [b for b in baseline if b.m]
+    if not cand or not base:
+        return None
+    coef: dict[int, float] = defaultdict(float)
+    for b in cand:
+        for i, w in baseline_weights(b.seq, base).items():
+            coef[i] += w / len(cand)
+    theta = (sum(b.mean for b in cand) / len(cand)
+             - sum(c * base[i].mean for i, c in coef.items()))
+    parts = [noise.block_var(b.engine_hash, b.m) for b in cand]
+    terms = [(v / len(cand) ** 2, d) for v, d in parts]
+    terms += [(c * c * v, d) for (v, d), c in
+              ((noise.block_var(base[i].engine_hash, base[i].m), c) for i, c in coef.items())]
+    var = sum(t for t, _ in terms)
+    if noise.replicated:
+        df = noise.df
+    else:  # Welch-Satterthwaite over the configs' window variances
+        by_df: dict[float, float] = defaultdict(float)
+        for t, d in terms:
+            by_df[d] += t
+        den = sum(t * t / d for d, t in by_df.items())
+        df = var * var / den if den else float(sum(by_df))
+    return Contrast(theta, math.sqrt(var), max(df, 1.0), len(cand), len(coef),
+                    sum(b.m for b in cand), sum(base[i].m for i in coef), noise.replicated,
+                    noise.cv)
+
+
+@dataclass(frozen=True)
+class DriftStep:
+    """Two consecutive baseline starts at one point."""
+
+    seq_from: int
+    seq_to: int
+    ratio: float
+    z: float
+    flagged: bool
+
+
+def drift_steps(baseline: Sequence[Block], noise: Noise, confidence: float = 0.99
+                ) -> list[DriftStep]:
+    """Consecutive baseline starts compared; a step beyond noise (two-sided t at `confidence`
+    on two block means) is flagged: what was measured between them is re-measured."""
+    base = sorted((b for b in baseline if b.m), key=lambda b: b.seq)
+    out = []
+    for a, b in zip(base, base[1:], strict=False):
+        (va, dfa), (vb, _) = noise.block_var(a.engine_hash, a.m), noise.block_var(
+            b.engine_hash, b.m)
+        crit = float(stats.t.ppf(0.5 + confidence / 2, dfa))
+        se = math.sqrt(va + vb)
+        d = b.mean - a.mean
+        z = d / se if se else (0.0 if d == 0 else math.inf)
+        out.append(DriftStep(a.seq, b.seq, math.exp(d), z, abs(z) > crit))
+    return out
+
+
+def holm(pvalues: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down rejections (strong control of the family-wise error at `alpha`)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    reject = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] > alpha / (len(pvalues) - rank):
+            break
+        reject[i] = True
+    return reject
+
+
+# --------------------------------------------------------------------------------------------
+# Racing
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a sweep may spend (None: unbounded)."""
+
+    engine_seconds: float | None = None
+    windows: int | None = None
+    engine_starts: int | None = None
+    max_rounds: int = 6
+    """Exploration rounds after which the best contender is selected (or the band unresolved)."""
+    confirm_starts: int = 2
+    """Fewest fresh engine starts of a selected winner per confirmation look."""
+    max_confirm_starts: int = 12
+    """Most: a look is sized for power from the exploration estimate, up to this."""
+    confirm_looks: int = 2
+    """Confirmation looks allowed; the alpha is split evenly over them."""
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What a sweep has spent so far."""
+
+    engine_seconds: float = 0.0
+    windows: int = 0
+    engine_starts: int = 0
+
+    def plus(self, other: Spent) -> Spent:
+        return Spent(self.engine_seconds + other.engine_seconds, self.windows + other.windows,
+                     self.engine_starts + other.engine_starts)
+
+    def within(self, budget: Budget) -> bool:
+        return ((budget.engine_seconds is None or self.engine_seconds <= budget.engine_seconds)
+                and (budget.windows is None or self.windows <= budget.windows)
+                and (budget.engine_starts is None or self.engine_starts <= budget.engine_starts))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A contender's band estimate in one round: its worst point."""
+
+    value: float
+    lo: float
+    hi: float
+    point: str
+    starts: int = 1
+    """Candidate engine starts behind the estimate."""
+
+
+@dataclass(frozen=True)
+class BandState:
+    """Where one (traffic class, band) stands after a round."""
+
+    traffic_class: str
+    band: str
+    status: Literal["exploring", "confirming", "confirmed", "off", "unresolved"]
+    contenders: tuple[str, ...]
+    """Engine hashes still in the race (exploring), or the selected one (confirming and after)."""
+    dropped: tuple[tuple[str, str], ...] = ()
+    """(engine hash, why) of every candidate dropped so far, in the order they were dropped."""
+    estimates: Mapping[str, Interval] = field(default_factory=dict)
+    looks: int = 0
+    """Confirmation looks taken."""
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class PlannedStart:
+    """One engine start of the next round."""
+
+    engine_hash: str
+    stage: Stage
+    points: tuple[tuple[str, int], ...]
+    """(workload, concurrency) measured on this start."""
+    repeats: int
+
+
+def cannot_win(estimates: Mapping[str, Interval], threshold: float
+               ) -> dict[str, str]:
+    """Contenders to drop: upper bound below 1 + margin, or below the best lower bound."""
+    best_lo = max((e.lo for e in estimates.values()), default=-math.inf)
+    out = {}
+    for h, e in estimates.items():
+        if e.hi < threshold:
+            out[h] = f"upper bound {e.hi:.3f} < {threshold:.3f} at {e.point}"
+        elif e.hi < best_lo:
+            out[h] = f"upper bound {e.hi:.3f} < the best lower bound {best_lo:.3f}"
+    return out
+
+
+def clear_leader(estimates: Mapping[str, Interval]) -> str | None:
+    """The contender whose lower bound is above every other's upper bound, if any."""
+    if not estimates:
+        return None
+    best = max(estimates, key=lambda h: estimates[h].lo)
+    if all(estimates[best].lo > e.hi for h, e in estimates.items() if h != best):
+        return best
+    return None
+
+
+def round_cost(starts: Sequence[PlannedStart], start_s: float, window_s: float) -> Spent:
+    """Projected cost of a round from the observed cost of a start and of a window."""
+    windows = sum(len(s.points) * s.repeats for s in starts)
+    return Spent(len(starts) * start_s + windows * window_s, windows, len(starts))
+
+
+def blocks_by_point(rows: Iterable[tuple[str, str, int, int, int, int, Stage, float]]
+                    ) -> dict[tuple[str, int], list[Block]]:
+    """Blocks per point from (engine_hash, workload, concurrency, block, repeat, seq, stage,
+    throughput) rows of usable windows (in any order: windows are sorted by repeat)."""
+    groups: dict[tuple[str, int], dict[tuple[str, int], list[tuple[int, int, Stage, float]]]] = \
+        defaultdict(lambda: defaultdict(list))
+    for h, w, c, block, repeat, seq, stage, tput in rows:
+        groups[(w, c)][(h, block)].append((repeat, seq, stage, math.log(tput)))
+    out: dict[tuple[str, int], list[Block]] = {}
+    for point, per in sorted(groups.items()):
+        out[point] = [Block(h, block, xs[0][1], xs[0][2], tuple(x[3] for x in sorted(xs)))
+                      for (h, block), xs in sorted(per.items())]
+    return out
+
+
+def filter_stage(blocks: Sequence[Block], stage: Stage | None) -> list[Block]:
+    return [b for b in blocks if stage is None or b.stage == stage]

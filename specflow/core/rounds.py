@@ -1,0 +1,423 @@
+"""The sweep's rounds, replayed from its records: what has been measured, what each round
+decided, and which engine starts come next.
+
+Everything here is a function of the records (`Measurement.round`, `.seq`, `.key.block`,
+`.stage`, `.engine_s`): a resumed or retried sweep replays the finished rounds to the same
+states, finds the round with windows still missing and runs only those. Nothing else is stored.
+
+A grid sweep is one round: the baseline, every candidate, the closing baseline. A racing sweep
+(see `racing`) explores in rounds until every band has a selected winner, nothing left, or no
+budget, then confirms the selected winners on fresh engine starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from scipy import stats
+
+from specflow.core import analysis, racing
+from specflow.core.records import Measurement, PointKey
+from specflow.core.schema import PromoteSpec
+
+Design = Literal["grid", "race"]
+BandKey = tuple[str, str]
+"""(traffic class, band label)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a sweep can measure and how (from the compiled plan and the spec)."""
+
+    design: Design
+    baseline: str
+    """The baseline's engine hash."""
+    candidates: tuple[str, ...]
+    """Speculative engine hashes in plan order."""
+    workloads: Mapping[str, str]
+    """Workload -> traffic class."""
+    concurrency: tuple[int, ...]
+    repeats: int
+    closing_repeats: int
+    budget: racing.Budget = field(default_factory=racing.Budget)
+    baseline_every: int = 4
+    """Candidate starts between two baseline starts."""
+    start_s: float = 60.0
+    """Assumed engine start cost before one is measured (seconds)."""
+    window_s: float = 30.0
+    """Assumed window cost before one is measured (seconds)."""
+
+    @property
+    def points(self) -> tuple[tuple[str, int], ...]:
+        return tuple((w, c) for w in self.workloads for c in self.concurrency)
+
+
+@dataclass(frozen=True)
+class Start:
+    """One engine start of a round, placed in the run order."""
+
+    engine_hash: str
+    stage: racing.Stage
+    points: tuple[tuple[str, int], ...]
+    repeats: int
+    round: int
+    seq: int
+    block: int
+
+    def window_keys(self) -> list[PointKey]:
+        """Its windows: repeats outermost, so drift spreads over every point."""
+        return [PointKey(self.engine_hash, w, c, r, self.block)
+                for r in range(self.repeats) for w, c in self.points]
+
+
+@dataclass(frozen=True)
+class Round:
+    index: int
+    stage: racing.Stage
+    starts: tuple[Start, ...]
+    states: tuple[racing.BandState, ...] = ()
+    """Band states after the round (empty while it is unfinished)."""
+    spent: racing.Spent = field(default_factory=racing.Spent)
+    """Spent by the end of the round (cumulative)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The sweep's rounds so far and the one to run now."""
+
+    rounds: tuple[Round, ...]
+    """Finished rounds."""
+    current: Round | None
+    """The round with windows still missing; None when the sweep is done."""
+    states: Mapping[BandKey, racing.BandState]
+    """The latest band states (final when `current` is None)."""
+    spent: racing.Spent
+    problems: tuple[str, ...] = ()
+    """Why the race cannot go on (the data cannot be analysed)."""
+
+
+def spent(ms: Sequence[Measurement]) -> racing.Spent:
+    """Engine starts, windows and engine-seconds the records account for (headroom refusals
+    started nothing)."""
+    per_start: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
+    for m in ms:
+        if m.failure != "refused_by_headroom":
+            per_start[(m.key.engine_hash, m.key.block)].append(m)
+    seconds = sum(max(m.engine_s for m in w) for w in per_start.values())
+    return racing.Spent(seconds, sum(len(w) for w in per_start.values()), len(per_start))
+
+
+def _costs(ms: Sequence[Measurement], shape: Shape) -> tuple[float, float]:
+    """Observed seconds per engine start (overhead) and per window, or the shape's defaults."""
+    durations = [m.duration_s for m in ms if m.ok and m.duration_s > 0]
+    window_s = sum(durations) / len(durations) if durations else shape.window_s
+    per_start: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
+    for m in ms:
+        if m.engine_s > 0:
+            per_start[(m.key.engine_hash, m.key.block)].append(m)
+    overheads = [max(m.engine_s for m in w) - sum(m.duration_s for m in w)
+                 for w in per_start.values()]
+    start_s = max(0.0, sum(overheads) / len(overheads)) if overheads else shape.start_s
+    return start_s, window_s
+
+
+def _band_keys(shape: Shape, promote: PromoteSpec) -> dict[BandKey, tuple[tuple[str, int], ...]]:
+    """Every (class, band) with its points."""
+    bands, _, _ = analysis.bands_for(promote, shape.concurrency)
+    out = {}
+    for cls in sorted(set(shape.workloads.values())):
+        ws = [w for w, c in shape.workloads.items() if c == cls]
+        for b in bands:
+            out[(cls, b.label)] = tuple((w, c) for w in ws for c in shape.concurrency if c in b)
+    return out
+
+
+def _place(plan: Sequence[tuple[str, racing.Stage, tuple[tuple[str, int], ...], int]],
+           index: int, seq: int, blocks: Counter[str]) -> tuple[Start, ...]:
+    out = []
+    for h, stage, points, repeats in plan:
+        out.append(Start(h, stage, points, repeats, index, seq, blocks[h]))
+        blocks[h] += 1
+        seq += 1
+    return tuple(out)
+
+
+def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measurement],
+           refused: frozenset[str] = frozenset()) -> Progress:
+    """Replay the finished rounds from the records and find the round to run now."""
+    recorded = {m.key.id for m in measurements}
+    bands = _band_keys(shape, promote)
+    alive = tuple(h for h in shape.candidates if h not in refused)
+    states: dict[BandKey, racing.BandState] = {
+        k: racing.BandState(k[0], k[1], "exploring" if alive else "off", alive,
+                            tuple((h, "refused by the headroom check") for h in shape.candidates
+                                  if h in refused))
+        for k in bands}
+    plan = _first_round(shape, alive)
+    rounds: list[Round] = []
+    blocks: Counter[str] = Counter()
+    seq, index, stage = 0, 0, plan[0][1] if plan else "explore"
+    total = racing.Spent()
+    while plan:
+        starts = _place(plan, index, seq, blocks)
+        seq += len(starts)
+        current = Round(index, stage, starts)
+        if any(k.id not in recorded for s in starts for k in s.window_keys()):
+            return Progress(tuple(rounds), current, states, total)
+        data = [m for m in measurements if m.round <= index]
+        total = spent(data)
+        if shape.design == "grid":
+            rounds.append(replace(current, spent=total))
+            return Progress(tuple(rounds), None, states, total)
+        try:
+            states = _after_round(shape, promote, bands, states, data, refused, stage, index)
+        except analysis.AnalysisError as exc:
+            rounds.append(replace(current, states=tuple(states.values()), spent=total))
+            return Progress(tuple(rounds), None, states, total, tuple(exc.problems))
+        stage, plan = _next_round(shape, promote, bands, states, data, index + 1)
+        if plan:
+            cost = racing.round_cost([racing.PlannedStart(h, st, p, r) for h, st, p, r in plan],
+                                     *_costs(data, shape))
+            if not total.plus(cost).within(shape.budget):
+                states = _out_of_budget(states, total, cost)
+                plan = []
+        rounds.append(replace(current, states=tuple(states.values()), spent=total))
+        index += 1
+    return Progress(tuple(rounds), None, states, total)
+
+
+def _first_round(shape: Shape, alive: Sequence[str]
+                 ) -> list[tuple[str, racing.Stage, tuple[tuple[str, int], ...], int]]:
+    """Grid: baseline, every candidate, closing baseline. Race: the same with a baseline start
+    after every `baseline_every` candidates."""
+    base = (shape.baseline, "explore", shape.points, shape.repeats)
+    cands = [(h, "explore", shape.points, shape.repeats) for h in shape.candidates]
+    if shape.design == "grid":
+        closing = ([(shape.baseline, "explore", shape.points, shape.closing_repeats)]
+                   if shape.closing_repeats else [])
+        return [base, *cands, *closing]  # type: ignore[list-item]
+    if not alive:
+        return [base]  # type: ignore[list-item]
+    return _with_baselines(cands, base, shape.baseline_every, opening=True)
+
+
+def _with_baselines(cands: list, base: tuple, every: int, *, opening: bool) -> list:
+    out = [base] if opening else []
+    for i in range(0, len(cands), max(1, every)):
+        out += [*cands[i:i + every], base]
+    return out
+
+
+def _band_estimates(result: analysis.Analysis) -> dict[BandKey, dict[str, analysis.Verdict]]:
+    return {(r.traffic_class, d.band.label): {v.engine_hash: v for v in d.candidates}
+            for r in result.classes for d in r.decisions}
+
+
+def _interval(v: analysis.Verdict) -> racing.Interval | None:
+    if not v.speedups:
+        return None
+    w = min(v.speedups, key=lambda s: s.speedup.lo)
+    return racing.Interval(w.speedup.value, w.speedup.lo, min(s.speedup.hi for s in v.speedups),
+                           f"{w.workload} c={w.concurrency}", w.starts)
+
+
+def _gate_reasons(v: analysis.Verdict) -> str:
+    return "; ".join(str(r) for r in v.rejected if r.gate not in ("speedup", "family", "race"))
+
+
+def _drift_protected(result: analysis.Analysis, key: BandKey, verdicts: Mapping[str, object],
+                     measurements: Sequence[Measurement]) -> set[str]:
+    """Candidates with a start between two baseline starts that moved beyond noise."""
+    r = result.result(key[0])
+    steps = [(d.seq_from, d.seq_to) for d in r.drift if d.flagged
+             and any(d.concurrency in dec.band for dec in r.decisions if dec.band.label == key[1])]
+    return {m.key.engine_hash for m in measurements if m.key.engine_hash in verdicts
+            and any(a < m.seq < b for a, b in steps)}
+
+
+def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, object],
+                 states: dict[BandKey, racing.BandState], data: Sequence[Measurement],
+                 refused: frozenset[str], stage: racing.Stage, index: int
+                 ) -> dict[BandKey, racing.BandState]:
+    """The band states after an exploration or a confirmation round."""
+    base = [m for m in data if m.key.engine_hash == shape.baseline]
+    rest = [m for m in data if m.key.engine_hash != shape.baseline]
+    first = [m for m in base if m.key.block == 0]
+    later = [m for m in base if m.key.block > 0]
+    result = analysis.analyze([*first, *rest], promote, closing_baseline=later,
+                              refused_by_headroom=refused, family="none", stage=stage)
+    verdicts = _band_estimates(result)
+    out = dict(states)
+    if stage == "explore":
+        for key, st in states.items():
+            if st.status == "exploring":
+                protected = _drift_protected(result, key, verdicts.get(key, {}), data)
+                out[key] = _explore_step(st, verdicts.get(key, {}), protected, promote, index,
+                                         shape.budget.max_rounds)
+        return out
+    return _confirm_step(shape, promote, states, verdicts)
+
+
+def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict],
+                  protected: set[str], promote: PromoteSpec, index: int, max_rounds: int
+                  ) -> racing.BandState:
+    """Drop what cannot win; select a winner when one is left or leads clearly."""
+    threshold = 1 + promote.margin
+    dropped = list(st.dropped)
+    estimates: dict[str, racing.Interval] = {}
+    for h in st.contenders:
+        v = verdicts.get(h)
+        gates = _gate_reasons(v) if v is not None else "not measured"
+        iv = _interval(v) if v is not None else None
+        if gates or iv is None:
+            dropped.append((h, f"round {index}: {gates or 'no speedup measured'}"))
+        else:
+            estimates[h] = iv
+    for h, why in racing.cannot_win(estimates, threshold).items():
+        if h not in protected:
+            dropped.append((h, f"round {index}: cannot win ({why})"))
+            del estimates[h]
+    contenders = tuple(h for h in st.contenders if h in estimates)
+    now = replace(st, contenders=contenders, dropped=tuple(dropped), estimates=estimates)
+    if not contenders:
+        return replace(now, status="off", why="every candidate was dropped")
+    leader = racing.clear_leader(estimates) if len(contenders) > 1 else contenders[0]
+    if protected & set(contenders) and index + 1 < max_rounds:
+        leader = None  # nothing is selected on data a baseline step may have distorted
+    if leader is None and index + 1 >= max_rounds:
+        leader = max(contenders, key=lambda h: estimates[h].lo)
+    if leader is not None and estimates[leader].value >= threshold:
+        others = tuple((h, f"round {index}: {_name_short(leader)} selected instead")
+                       for h in contenders if h != leader)
+        return replace(st, status="confirming", contenders=(leader,),
+                       dropped=(*dropped, *others), estimates=estimates,
+                       why=f"selected in round {index}: speedup {estimates[leader].value:.3f} "
+                           f"[{estimates[leader].lo:.3f}, {estimates[leader].hi:.3f}] on "
+                           "exploration data")
+    if index + 1 >= max_rounds:
+        return replace(now, status="unresolved", why=f"after {max_rounds} exploration rounds "
+                       f"no contender's estimate clears {threshold:.3f}")
+    return now
+
+
+def _name_short(h: str) -> str:
+    return h[:8]
+
+
+def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, racing.BandState],
+                  verdicts: Mapping[BandKey, Mapping[str, analysis.Verdict]]
+                  ) -> dict[BandKey, racing.BandState]:
+    """Holm over the bands being confirmed, at alpha / looks, on confirmation data only."""
+    out = dict(states)
+    confirming = [k for k, st in states.items() if st.status == "confirming"]
+    alpha = (1 - promote.confidence) / 2 / shape.budget.confirm_looks
+    pvals, gates = [], []
+    for k in confirming:
+        v = verdicts.get(k, {}).get(states[k].contenders[0])
+        pvals.append(analysis.band_p_value(v) if v is not None else 1.0)
+        gates.append(_gate_reasons(v) if v is not None else "not measured on confirmation")
+    passed = racing.holm(pvals, alpha)
+    for k, p, ok, gate in zip(confirming, pvals, passed, gates, strict=True):
+        st = states[k]
+        looks = st.looks + 1
+        v = verdicts.get(k, {}).get(st.contenders[0])
+        iv = _interval(v) if v is not None else None
+        ests = {st.contenders[0]: iv} if iv is not None else {}
+        if ok and not gate:
+            out[k] = replace(st, status="confirmed", looks=looks, estimates=ests,
+                             why=f"confirmed on fresh engine starts (p = {p:.2g} <= Holm's "
+                                 f"threshold over {len(confirming)} bands at alpha {alpha:.3g})")
+        elif gate or (iv is not None and iv.hi < 1 + promote.margin):
+            out[k] = replace(st, status="off", looks=looks, estimates=ests,
+                             why=f"failed confirmation: {gate or 'upper bound below the margin'}")
+        elif looks >= shape.budget.confirm_looks:
+            out[k] = replace(st, status="unresolved", looks=looks, estimates=ests,
+                             why=f"not confirmed after {looks} looks (p = {p:.2g}); "
+                                 + _settle_cost(v, promote))
+        else:
+            out[k] = replace(st, looks=looks, estimates=ests)
+    return out
+
+
+def _settle_cost(v: analysis.Verdict | None, promote: PromoteSpec) -> str:
+    if v is None or v.worst is None:
+        return "measure it again"
+    need = analysis.starts_needed(v.worst, 1 + promote.margin, promote.confidence)
+    if need is None:
+        return "its estimate is below the margin"
+    return f"about {need} confirmation engine starts per side would settle it"
+
+
+def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                states: Mapping[BandKey, racing.BandState], data: Sequence[Measurement],
+                index: int) -> tuple[racing.Stage, list]:
+    """Exploration while any band explores (contenders only, at their bands' points); then one
+    confirmation look for every selected winner, with fresh baseline starts around it."""
+    base_repeats = shape.repeats
+    exploring = {k: st for k, st in states.items() if st.status == "exploring"}
+    if exploring:
+        per: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        for k, st in exploring.items():
+            for h in st.contenders:
+                per[h].update(bands[k])
+        open_points = sorted({p for k in exploring for p in bands[k]})
+        cands = [(h, "explore", tuple(sorted(per[h])), shape.repeats)
+                 for h in shape.candidates if h in per]
+        base = (shape.baseline, "explore", tuple(open_points), base_repeats)
+        return "explore", _with_baselines(cands, base, shape.baseline_every, opening=False)
+    confirming = {k: st for k, st in states.items() if st.status == "confirming"}
+    if not confirming:
+        return "confirm", []
+    per = defaultdict(set)
+    for k, st in confirming.items():
+        per[st.contenders[0]].update(bands[k])
+    open_points = sorted({p for k in confirming for p in bands[k]})
+    base = (shape.baseline, "confirm", tuple(open_points), base_repeats)
+    winners = [(h, "confirm", tuple(sorted(per[h])), shape.repeats)
+               for h in shape.candidates if h in per]
+    plan = [base]
+    for _ in range(_confirm_size(shape, promote, confirming)):
+        plan += [*winners, base]
+    return "confirm", plan
+
+
+def _confirm_size(shape: Shape, promote: PromoteSpec,
+                  confirming: Mapping[BandKey, racing.BandState]) -> int:
+    """Engine starts per winner for one confirmation look: enough for 90% power at the
+    exploration estimate (halfway to its lower bound, against the winner's curse) and the
+    corrected alpha, within [confirm_starts, max_confirm_starts]."""
+    budget = shape.budget
+    alpha = (1 - promote.confidence) / 2 / budget.confirm_looks / max(1, len(confirming))
+    z = float(stats.norm.isf(alpha)) + float(stats.norm.isf(0.1))
+    need = budget.confirm_starts
+    for st in confirming.values():
+        h = st.contenders[0]
+        iv = st.estimates.get(h)
+        if iv is None or iv.lo <= 0:
+            continue
+        se = (math.log(iv.hi) - math.log(iv.lo)) / (2 * float(stats.norm.isf(
+            (1 - promote.confidence) / 2)))
+        gap = math.log((iv.value * iv.lo) ** 0.5) - math.log(1 + promote.margin)
+        if gap <= 0 or se <= 0:
+            continue  # a marginal selection: the smallest look, not the largest
+        # The look's contrast has the exploration's shape (a fresh baseline start around each
+        # winner start), so its variance scales with 1 / starts.
+        k = math.ceil(iv.starts * (z * se / gap) ** 2)
+        need = max(need, k)
+    return min(need, budget.max_confirm_starts)
+
+
+def _out_of_budget(states: Mapping[BandKey, racing.BandState], total: racing.Spent,
+                   cost: racing.Spent) -> dict[BandKey, racing.BandState]:
+    """Every open band becomes unresolved: the next round would exceed the budget."""
+    why = (f"budget spent: the next round needs {cost.engine_starts} engine starts, "
+           f"{cost.windows} windows, ~{math.ceil(cost.engine_seconds)} engine-seconds beyond "
+           f"the {total.engine_starts} starts / {total.windows} windows / "
+           f"{math.ceil(total.engine_seconds)} s spent")
+    return {k: (replace(st, status="unresolved", why=why)
+                if st.status in ("exploring", "confirming") else st)
+            for k, st in states.items()}

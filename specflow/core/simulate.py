@@ -1,0 +1,127 @@
+"""Simulated sweeps: the real round planner and decision code on synthetic measurements.
+
+Used by `bench/decision_quality.py` (false promotion, power, cost of each design) and by the
+tests that pin the decision's properties. The noise model, per window, on output throughput:
+
+    tput = base * gain(config, point) * drift(seq) * start_effect(config start) * noise
+
+- noise: Student-t(3) scaled to the CV (`1 + cv * t3 / sqrt(3)`), or lognormal with that CV;
+- start effect: lognormal with SD `start_sd`, one draw per engine start (the replicate unit);
+- drift: linear over the run order, `drift` in total from the first engine start to the
+  `horizon`-th;
+- costs: `start_s` per engine start and `window_s` per window (engine-seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from specflow.core import rounds
+from specflow.core.records import Measurement
+from specflow.core.schema import PromoteSpec
+
+
+@dataclass(frozen=True)
+class Noise:
+    cv: float = 0.03
+    kind: Literal["t3", "lognormal"] = "t3"
+    start_sd: float = 0.0
+    drift: float = 0.0
+    """Total relative drift over `horizon` engine starts (e.g. 0.05 or -0.05)."""
+    horizon: int = 30
+    start_s: float = 25.0
+    window_s: float = 4.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    engine_hash: str
+    name: str
+    method: str
+    n: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Configs with their true speedups (1.0 unless given) per point."""
+
+    shape: rounds.Shape
+    engines: Mapping[str, Engine]
+    gains: Mapping[str, float] = field(default_factory=dict)
+    """True speedup per engine hash (every point)."""
+    base_tput: float = 100.0
+
+
+def window(scn: Scenario, start: rounds.Start, key_index: int, value: float, duration_s: float,
+           engine_s: float) -> Measurement:
+    """One simulated window: identical outputs everywhere (the quality gate passes)."""
+    e = scn.engines[start.engine_hash]
+    key = start.window_keys()[key_index]
+    return Measurement(
+        key=key, engine=e.name, drafter=e.method, method=e.method, num_speculative_tokens=e.n,
+        traffic_class=scn.shape.workloads[key.workload], output_throughput=value,
+        duration_s=duration_s, completed=8, output_digests=("same",) * 8,
+        prompt_hash="p", seq=start.seq, stage=start.stage, round=start.round,
+        engine_s=engine_s)
+
+
+def _draw(noise: Noise, rng: np.random.Generator, size: int) -> np.ndarray:
+    if noise.kind == "lognormal":
+        s = math.sqrt(math.log(1 + noise.cv**2))
+        return np.exp(rng.normal(-s * s / 2, s, size))
+    return np.clip(1 + noise.cv * rng.standard_t(3, size) / math.sqrt(3), 0.05, None)
+
+
+def run_round(scn: Scenario, noise: Noise, current: rounds.Round, rng: np.random.Generator
+              ) -> list[Measurement]:
+    """Every window of a round, as the engine would have measured them."""
+    out = []
+    for start in current.starts:
+        keys = start.window_keys()
+        gain = scn.gains.get(start.engine_hash, 1.0)
+        effect = math.exp(rng.normal(0, noise.start_sd)) if noise.start_sd else 1.0
+        drift = 1 + noise.drift * start.seq / max(1, noise.horizon)
+        values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(keys))
+        clock = noise.start_s
+        for i, v in enumerate(values):
+            clock += noise.window_s
+            out.append(window(scn, start, i, float(v), noise.window_s, clock))
+    return out
+
+
+def run_sweep(scn: Scenario, noise: Noise, promote: PromoteSpec, seed: int,
+              max_rounds: int = 50) -> tuple[rounds.Progress, list[Measurement]]:
+    """Plan, 'measure' and replay rounds until the sweep is done."""
+    rng = np.random.default_rng(seed)
+    ms: list[Measurement] = []
+    for _ in range(max_rounds):
+        progress = rounds.replay(scn.shape, promote, ms)
+        if progress.current is None:
+            return progress, ms
+        ms += run_round(scn, noise, progress.current, rng)
+    raise RuntimeError(f"sweep not done after {max_rounds} rounds")
+
+
+def scenario(design: rounds.Design, *, candidates: int = 8, classes: int = 2,
+             levels: Sequence[int] = (1, 8), repeats: int = 3, closing_repeats: int = 3,
+             gains: Mapping[int, float] | None = None, budget: object = None) -> Scenario:
+    """A sweep of `candidates` configs (two methods x N = 1..candidates/2) over `classes`
+    classes of one workload each and one band per level; `gains` by candidate index."""
+    from specflow.core import racing
+
+    engines = {"base": Engine("base", "baseline", "none", 0)}
+    for i in range(candidates):
+        method = ("ngram", "draft_model")[i % 2]
+        n = i // 2 + 1
+        engines[f"c{i}"] = Engine(f"c{i}", f"{method}-n{n}", method, n)
+    shape = rounds.Shape(
+        design=design, baseline="base", candidates=tuple(f"c{i}" for i in range(candidates)),
+        workloads={f"w{k}": f"class{k}" for k in range(classes)}, concurrency=tuple(levels),
+        repeats=repeats, closing_repeats=closing_repeats,
+        budget=budget if isinstance(budget, racing.Budget) else racing.Budget())
+    return Scenario(shape, engines, {f"c{i}": g for i, g in (gains or {}).items()})
