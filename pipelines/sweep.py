@@ -8,6 +8,7 @@ re-run task redoes only what is missing. `on_point` (progress) is for in-process
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, task
@@ -15,12 +16,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from specflow import steps
+from specflow.results import console
 
 
 @task(name="prepare", task_run_name="prepare {overrides}", cache_policy=NO_CACHE)
 def prepare(overrides: list[str]) -> dict[str, Any]:
     ctx = steps.open_sweep(overrides)
     return {"plan_hash": ctx.plan.hash, "sweep_id": ctx.sid, "synced": ctx.synced,
+            "design": ctx.spec.sweep.design,
             "engines": [(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
             "headroom": {h: r.verdict for h, r in ctx.headroom.items()},
             "tracking_error": ctx.tracking_error, "notes": ctx.notes}
@@ -50,6 +53,29 @@ def closing_baseline(overrides: list[str], on_point: steps.OnPoint | None = None
     return steps.run_closing_baseline(steps.open_sweep(overrides), on_point)
 
 
+@task(name="next-round", task_run_name="next round", cache_policy=NO_CACHE)
+def next_round(overrides: list[str]) -> dict[str, Any] | None:
+    """The round to run now, replayed from the ledger (None when the race is over)."""
+    ctx = steps.open_sweep(overrides)
+    progress = steps.progress(ctx)
+    names = {ec.hash: ec.name for ec in ctx.plan.engine_configs}
+    lines = console.round_lines(progress, names)
+    for line in lines:
+        print(line)  # the flow run's log (log_prints)
+    steps.log_round(ctx, progress)
+    if progress.current is None:
+        return {"round": None, "lines": lines}
+    return {"round": progress.current.index, "stage": progress.current.stage, "lines": lines,
+            "starts": [(s.seq, names[s.engine_hash]) for s in progress.current.starts]}
+
+
+@task(name="engine-start", task_run_name="engine start #{seq} {engine_name}",
+      cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
+def measure_start(overrides: list[str], seq: int, engine_name: str,
+                  on_point: steps.OnPoint | None = None) -> dict[str, Any]:
+    return steps.run_start(steps.open_sweep(overrides), seq, on_point)
+
+
 @task(name="decide-and-promote", cache_policy=NO_CACHE)
 def decide(overrides: list[str]) -> dict[str, Any]:
     ctx = steps.open_sweep(overrides)
@@ -62,9 +88,12 @@ def decide(overrides: list[str]) -> dict[str, Any]:
 
 @flow(name="specflow-sweep", flow_run_name="sweep {run_label}", log_prints=True)
 def sweep_flow(overrides: list[str], run_label: str = "",
-               on_point: steps.OnPoint | None = None) -> dict[str, Any]:
+               on_point: steps.OnPoint | None = None,
+               on_round: OnRound | None = None) -> dict[str, Any]:
     """Headroom, every engine config, the closing baseline, the decision and the promotion."""
     plan = prepare(overrides)
+    if plan["design"] == "race":
+        return _race(overrides, plan, on_point, on_round)
     engines = []
     for engine_hash, name in plan["engines"]:
         state = measure_engine(overrides, engine_hash, name, on_point, return_state=True)
@@ -75,6 +104,35 @@ def sweep_flow(overrides: list[str], run_label: str = "",
     return {"plan": plan, "engines": engines, "closing": closing, "outcome": outcome}
 
 
-def run(overrides: list[str], on_point: steps.OnPoint | None = None) -> dict[str, Any]:
+OnRound = Callable[[list[str]], None]
+"""Called in-process with each round's log lines (what it decided, what runs next)."""
+
+MAX_ROUNDS = 200
+"""A guard: a race that plans this many rounds without finishing is a bug, not a sweep."""
+
+
+def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | None,
+          on_round: OnRound | None) -> dict[str, Any]:
+    """Rounds until the race is over: each round's engine starts, then the next round."""
+    starts = []
+    last: int | None = None
+    for _ in range(MAX_ROUNDS):
+        current = next_round(overrides)
+        if on_round is not None:
+            on_round(current["lines"])
+        if current["round"] is None or current["round"] == last:
+            break  # done, or a round whose windows could not all be recorded: decide says so
+        last = current["round"]
+        for seq, name in current["starts"]:
+            state = measure_start(overrides, seq, name, on_point, return_state=True)
+            starts.append(state.result() if state.is_completed()
+                          else {"engine": name, "seq": seq, "error": state.message})
+    outcome = decide(overrides)
+    return {"plan": plan, "engines": starts, "closing": None, "outcome": outcome}
+
+
+def run(overrides: list[str], on_point: steps.OnPoint | None = None,
+        on_round: OnRound | None = None) -> dict[str, Any]:
     """Run the flow in this process (Prefect's temporary local API when no server is set)."""
-    return sweep_flow(overrides, run_label=" ".join(overrides) or "defaults", on_point=on_point)
+    return sweep_flow(overrides, run_label=" ".join(overrides) or "defaults", on_point=on_point,
+                      on_round=on_round)

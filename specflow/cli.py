@@ -167,9 +167,12 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
 
     total = plan.num_points + (len(plan.workloads) * len(plan.concurrency)
                                * loaded.spec.sweep.closing_baseline_repeats)
+    race = loaded.spec.sweep.design == "race"
     start = time.monotonic()
-    with sweep_progress(err, f"sweep {plan.target} on {plan.hardware}", total) as on_point:
-        result = run(overrides, on_point)
+    title = f"sweep {plan.target} on {plan.hardware}" + (" (racing: rounds)" if race else "")
+    with sweep_progress(err, title, None if race else total) as on_point:
+        result = run(overrides, on_point, on_round=lambda lines: [
+            err.print(escape(line), highlight=False) for line in lines])
     summary = result["outcome"]
     for note in result["plan"]["notes"]:
         err.print(f"[yellow]workload warning:[/] {escape(note)}")

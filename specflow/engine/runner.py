@@ -82,9 +82,11 @@ class Window:
     """Generate max_tokens even past EOS."""
     stop: tuple[str, ...] = ()
     """Stop strings sent with every request."""
+    block: int = 0
+    """Which engine start of the config this window belongs to."""
 
     def key(self, ec: EngineConfig) -> PointKey:
-        return PointKey(ec.hash, self.workload, self.concurrency, self.repeat)
+        return PointKey(ec.hash, self.workload, self.concurrency, self.repeat, self.block)
 
 
 def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, Path],
@@ -427,7 +429,8 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
     gen = make_load_generator(load_generator, backend.vllm_command,
                               bench_env(backend.env, api_key=engine.api_key),
                               engine_dir / f"{ec.name}-{ec.hash}.loadgen.log")
-    record = _EngineRecord(engine_dir / f"{ec.name}-{ec.hash}.json", ec, engine, gen)
+    start = f"-b{todo[0].block}" if todo[0].block else ""
+    record = _EngineRecord(engine_dir / f"{ec.name}-{ec.hash}{start}.json", ec, engine, gen)
     try:
         failure = _start(engine, gen)
         if failure is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -13,10 +13,11 @@ from rich.table import Table
 
 from specflow.core.memory import Headroom
 from specflow.core.records import Measurement
+from specflow.core.rounds import Progress as RaceProgress
 
 
 @contextlib.contextmanager
-def sweep_progress(console: Console, title: str, total: int
+def sweep_progress(console: Console, title: str, total: int | None
                    ) -> Iterator[Callable[[Measurement], None]]:
     """A progress bar over the sweep's windows; yields the `on_point` callback that advances it."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -28,7 +29,8 @@ def sweep_progress(console: Console, title: str, total: int
             state = "ok" if m.ok else f"[red]{escape(m.failure or 'failed')}[/]"
             extra = f" acc={m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
             progress.update(bar, advance=1, last=f"{escape(m.engine)} {escape(m.key.workload)} "
-                            f"c{m.key.concurrency} r{m.key.repeat}: {state} "
+                            f"c{m.key.concurrency} "
+                            f"{f'b{m.key.block} ' if m.key.block else ''}r{m.key.repeat}: {state} "
                             f"{m.output_throughput:.1f} tok/s{extra}")
 
         yield on_point
@@ -98,3 +100,31 @@ def print_headroom(reports: Sequence[Headroom], out: Console) -> None:
     out.print("assumptions: " + "; ".join(reports[0].assumptions) if reports else "")
 
 
+
+
+def round_lines(progress: RaceProgress, names: Mapping[str, str]) -> list[str]:
+    """Plain log lines: what the last finished round decided, and what runs next."""
+    def name(h: str) -> str:
+        return names.get(h, h[:8])
+
+    lines = []
+    if progress.rounds:
+        r = progress.rounds[-1]
+        lines.append(f"round {r.index} ({r.stage}) done: {len(r.starts)} engine starts; spent "
+                     f"{r.spent.engine_starts} starts, {r.spent.windows} windows, "
+                     f"{r.spent.engine_seconds:.0f} engine-s")
+        for b in r.states:
+            fresh = [f"{name(h)} ({why})" for h, why in b.dropped if why.startswith(
+                f"round {r.index}:")]
+            who = ", ".join(name(h) for h in b.contenders)
+            lines.append(f"  {b.traffic_class} {b.band}: {b.status}"
+                         + (f" [{who}]" if who and b.status != "off" else "")
+                         + (f"; {b.why}" if b.why else "")
+                         + (f"; dropped {'; '.join(fresh)}" if fresh else ""))
+    for p in progress.problems:
+        lines.append(f"race stopped: {p}")
+    if progress.current is not None:
+        c = progress.current
+        lines.append(f"round {c.index} ({c.stage}): " + ", ".join(
+            f"#{s.seq} {name(s.engine_hash)}" for s in c.starts))
+    return lines

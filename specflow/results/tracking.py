@@ -186,6 +186,18 @@ class Tracker:
                 self.client.log_artifact(run_id, str(f), artifact_path)
         self.client.set_terminated(run_id, status=status)
 
+    def log_round(self, run_id: str, index: int, metrics: dict[str, float],
+                  tags: dict[str, str]) -> None:
+        """A racing round's trail on the parent run: metrics at step = round (idempotent: a
+        replayed round logs the same values at the same step), tags per round."""
+        from mlflow.entities import Metric, RunTag
+        from mlflow.utils.time import get_current_time_millis
+
+        now = get_current_time_millis()
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, index)
+                                               for k, v in metrics.items()],
+                              tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+
     def register_champion(self, parent_id: str, promotion: Promotion, target: str,
                           hardware: str) -> str:
         """Mirror a champion in the model registry (`specflow-<target>-<class>`, alias

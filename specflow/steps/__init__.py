@@ -9,14 +9,17 @@ from specflow.steps.context import Context, OnPoint, headroom_reports, open_swee
 from specflow.steps.decide import Outcome, decide, outcome_summary
 from specflow.steps.measure import (
     EngineStartFailed,
+    log_round,
     measure,
     measurements,
     missing,
+    progress,
     run_closing_baseline,
+    run_start,
 )
 
 __all__ = [
     "Context", "EngineStartFailed", "OnPoint", "Outcome", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
-    "run_closing_baseline",
+    "log_round", "progress", "run_closing_baseline", "run_start",
 ]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from specflow.config.artifact import artifact_config
 from specflow.config.compose import Loaded, load_plan
+from specflow.core import racing, rounds
 from specflow.core.compile import EngineConfig, SweepPlan
 from specflow.core.errors import Problem, SpecError
 from specflow.core.memory import Headroom, headroom
@@ -77,6 +78,27 @@ class Context:
 
     def baseline(self) -> EngineConfig | None:
         return next((ec for ec in self.plan.engine_configs if ec.method == "none"), None)
+
+    def shape(self) -> rounds.Shape:
+        """What the round planner may measure: the plan's configs, points and budget."""
+        sweep = self.spec.sweep
+        base = self.baseline()
+        b = sweep.budget
+        return rounds.Shape(
+            design=sweep.design, baseline=base.hash if base is not None else "",
+            candidates=tuple(ec.hash for ec in self.plan.engine_configs if ec.method != "none"),
+            workloads={n: w.traffic_class for n, w in self.spec.workload.items()},
+            concurrency=tuple(sweep.concurrency), repeats=sweep.repeats,
+            closing_repeats=sweep.closing_baseline_repeats,
+            budget=racing.Budget(b.engine_seconds, b.windows, b.engine_starts, b.max_rounds,
+                                 b.confirm_starts, b.max_confirm_starts, b.confirm_looks),
+            baseline_every=b.baseline_every)
+
+    def start_windows(self, start: rounds.Start) -> list[Window]:
+        """The windows of one planned engine start."""
+        firsts = {(w.workload, w.concurrency): w for w in self.windows if w.repeat == 0}
+        return [replace(firsts[(k.workload, k.concurrency)], repeat=k.repeat, block=k.block)
+                for k in start.window_keys()]
 
     def closing_windows(self) -> list[Window]:
         """Baseline windows re-measured at the end (repeat ids after the opening ones)."""

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.core import analysis, promote
+from specflow.core import analysis, promote, rounds
 from specflow.core.analysis import Analysis
 from specflow.core.fsio import atomic_write
 from specflow.engine import probe
 from specflow.results import report
+from specflow.steps import measure
 from specflow.steps.context import Context, experiment_name
 from specflow.steps.measure import measurements, missing
 
@@ -53,19 +54,50 @@ def check_schedules(result: Analysis, vllm_command: Sequence[str] | None, vllm_l
     return dataclasses.replace(result, classes=tuple(kept)), problems
 
 
-def decide(ctx: Context) -> Outcome:
-    """Analyse every finished window, write the report and plots, promote per traffic class."""
+def _grid(ctx: Context) -> Analysis:
+    """A grid sweep: the opening windows, the closing baseline, Holm over the family."""
     base = ctx.baseline()
     r0 = ctx.spec.sweep.repeats
     closing = [m for m in ctx.ledger.measurements()
                if base is not None and m.key.engine_hash == base.hash and m.key.repeat >= r0]
-    refused = {h for h, r in ctx.headroom.items() if r.verdict == "refuse"}
+    return analysis.analyze(measurements(ctx), ctx.spec.promote, closing_baseline=closing,
+                            refused_by_headroom=measure.refused(ctx))
+
+
+def _raced(ctx: Context, progress: rounds.Progress
+           ) -> tuple[Analysis, dict[rounds.BandKey, Any]]:
+    """A racing sweep: every round's windows, decided under the race's final band states."""
+    if progress.current is not None:
+        left = sum(1 for s in progress.current.starts for k in s.window_keys()
+                   if k.id not in ctx.ledger.finished())
+        raise analysis.AnalysisError([f"round {progress.current.index} is unfinished: {left} "
+                                      "windows missing; run the sweep again to finish it"])
+    if progress.problems:
+        raise analysis.AnalysisError(list(progress.problems))
+    base = ctx.baseline()
+    ms = measure.plan_measurements(ctx)
+    later = [m for m in ms if base is not None and m.key.engine_hash == base.hash
+             and m.key.block > 0]
+    opening = [m for m in ms if not (base is not None and m.key.engine_hash == base.hash
+                                     and m.key.block > 0)]
+    states = dict(progress.states)
+    return analysis.analyze(opening, ctx.spec.promote, closing_baseline=later,
+                            refused_by_headroom=measure.refused(ctx), race=states), states
+
+
+def decide(ctx: Context) -> Outcome:
+    """Analyse every finished window, write the report and plots, promote per traffic class."""
+    progress = race = None
     try:
-        result = analysis.analyze(measurements(ctx), ctx.spec.promote, closing_baseline=closing,
-                                  refused_by_headroom=refused)
+        if ctx.spec.sweep.design == "race":
+            progress = measure.progress(ctx)
+            result, race = _raced(ctx, progress)
+        else:
+            result = _grid(ctx)
     except analysis.AnalysisError as exc:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
-    files = report.write_report(result, ctx.workdir / "report")
+    files = report.write_report(result, ctx.workdir / "report",
+                                rounds=progress.rounds if progress is not None else ())
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     engines = {ec.hash: ec for ec in ctx.plan.engine_configs}

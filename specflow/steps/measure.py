@@ -3,10 +3,13 @@ baseline."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from specflow.core import rounds
 from specflow.core.compile import EngineConfig
 from specflow.core.memory import Headroom
 from specflow.core.records import Measurement, PointKey
@@ -30,8 +33,10 @@ def _refused(ec: EngineConfig, windows: Sequence[Window], h: Headroom) -> list[M
 
 
 def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
-               on_point: OnPoint | None = None) -> dict[str, Any]:
-    """Measure the windows of `ec` that are not finished yet; finished ones are not redone."""
+               on_point: OnPoint | None = None, start: rounds.Start | None = None
+               ) -> dict[str, Any]:
+    """Measure the windows of `ec` that are not finished yet; finished ones are not redone.
+    With a planned `start`, each window records its place in the run order and its round."""
     finished = ctx.ledger.finished()
     todo = [w for w in windows if w.key(ec).id not in finished]
     summary = {"engine": ec.name, "hash": ec.hash, "skipped": len(windows) - len(todo),
@@ -47,8 +52,12 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
             summary["started"] = True
         results = run_engine(ec, ctx.spec.backend, todo, ctx.workdir / "runs", skip=finished,
                              tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model)
+    t0 = time.monotonic()
     for m in results:
-        m = replace(m, prompt_hash=m.prompt_hash or ctx.datasets[m.key.workload].prompt_hash)
+        m = replace(m, prompt_hash=m.prompt_hash or ctx.datasets[m.key.workload].prompt_hash,
+                    engine_s=round(time.monotonic() - t0, 3) if summary["started"] else 0.0)
+        if start is not None:
+            m = replace(m, seq=start.seq, stage=start.stage, round=start.round)
         ctx.ledger.record(m)
         ctx.log(m)
         summary["ok" if m.ok else "failed"] += 1
@@ -78,8 +87,13 @@ def run_closing_baseline(ctx: Context, on_point: OnPoint | None = None) -> dict[
 
 
 def missing(ctx: Context) -> list[PointKey]:
-    """Opening windows of the plan without a successful measurement."""
+    """Windows the sweep still has to measure: a grid's opening windows without a successful
+    measurement; a race's windows of the round still running."""
     finished = ctx.ledger.finished()
+    if ctx.spec.sweep.design == "race":
+        current = progress(ctx).current
+        return [k for s in current.starts for k in s.window_keys()
+                if k.id not in finished] if current is not None else []
     return [w.key(ec) for ec in ctx.plan.engine_configs for w in ctx.windows
             if w.key(ec).id not in finished]
 
@@ -88,3 +102,54 @@ def measurements(ctx: Context) -> list[Measurement]:
     """This plan's opening measurements (latest per point)."""
     keys = {w.key(ec).id for ec in ctx.plan.engine_configs for w in ctx.windows}
     return [m for m in ctx.ledger.measurements() if m.key.id in keys]
+
+
+def plan_measurements(ctx: Context) -> list[Measurement]:
+    """Every window of this plan's engine configs in the ledger (latest per window)."""
+    hashes = {ec.hash for ec in ctx.plan.engine_configs}
+    return [m for m in ctx.ledger.measurements() if m.key.engine_hash in hashes]
+
+
+def refused(ctx: Context) -> frozenset[str]:
+    """Engine hashes the headroom check refused."""
+    return frozenset(h for h, r in ctx.headroom.items() if r.verdict == "refuse")
+
+
+def progress(ctx: Context) -> rounds.Progress:
+    """The sweep's rounds replayed from the ledger, and the round to run now."""
+    return rounds.replay(ctx.shape(), ctx.spec.promote, plan_measurements(ctx), refused(ctx))
+
+
+def run_start(ctx: Context, seq: int, on_point: OnPoint | None = None) -> dict[str, Any]:
+    """Measure the engine start at position `seq` of the current round (nothing when that round
+    is over: a retried task finds its windows finished)."""
+    current = progress(ctx).current
+    start = next((s for s in current.starts if s.seq == seq), None) if current else None
+    if start is None:
+        return {"engine": None, "seq": seq, "skipped": 0, "ok": 0, "failed": 0, "started": False}
+    ec = ctx.engine(start.engine_hash)
+    summary = run_config(ctx, ec, ctx.start_windows(start), on_point, start)
+    return {**summary, "seq": seq, "block": start.block, "stage": start.stage}
+
+
+def log_round(ctx: Context, progress: rounds.Progress) -> None:
+    """The last finished round's trail on the sweep's MLflow parent run (offline: skipped)."""
+    if ctx.tracker is None or ctx.parent_run_id is None or not progress.rounds:
+        return
+    r = progress.rounds[-1]
+    status = Counter(b.status for b in r.states)
+    metrics = {"race.open_bands": status["exploring"] + status["confirming"],
+               "race.confirmed_bands": status["confirmed"],
+               "race.unresolved_bands": status["unresolved"],
+               "race.contenders": sum(len(b.contenders) for b in r.states
+                                      if b.status == "exploring"),
+               "race.engine_starts": r.spent.engine_starts, "race.windows": r.spent.windows,
+               "race.engine_seconds": r.spent.engine_seconds}
+    names = {ec.hash: ec.name for ec in ctx.plan.engine_configs}
+    bands = [f"{b.traffic_class} {b.band} {b.status} "
+             f"[{', '.join(names.get(h, h) for h in b.contenders)}]" for b in r.states]
+    tags = {f"specflow.round.{r.index}": f"{r.stage}: " + "; ".join(bands)}
+    try:
+        ctx.tracker.log_round(ctx.parent_run_id, r.index, metrics, tags)
+    except Exception as exc:  # noqa: BLE001 - any store failure: the trail is in the report
+        ctx.went_offline(exc)

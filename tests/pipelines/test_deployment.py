@@ -69,7 +69,8 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         overrides = ["experiment=cpu_demo", "drafter=[none]", "workload=[chat]",
                      "workload.chat.num_prompts=4", "workload.chat.max_tokens=8",
                      "sweep.concurrency=[1]", "sweep.repeats=2", "promote.min_repeats=2",
-                     "sweep.closing_baseline_repeats=0", f"paths.models={models}",
+                     "sweep.closing_baseline_repeats=0", "sweep.design=grid",
+                     f"paths.models={models}",
                      f"tracking.workdir={tmp_path / 'work'}",
                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
                      f"promote.output_dir={tmp_path / 'promoted'}"]

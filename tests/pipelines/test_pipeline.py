@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
     "experiment=cpu_demo", "workload=[chat]", "workload.chat.num_prompts=4",
     "workload.chat.max_tokens=16", "sweep.concurrency=[1]", "sweep.repeats=2",
-    "promote.min_repeats=2", "sweep.warmup_requests=1",
+    "promote.min_repeats=2", "sweep.warmup_requests=1", "sweep.design=grid",
 ]
 
 
@@ -258,3 +258,41 @@ def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: 
     for e in kept:  # what run 1 measured reached MLflow unchanged
         assert by_id[e.measurement.key.id].data.metrics["output_throughput"] == \
             e.measurement.output_throughput
+
+
+@pytest.mark.engine
+def test_a_racing_sweep_runs_in_rounds_and_leaves_its_trail(tmp_path: Path, models: Path) -> None:
+    """The racing design on the real engine: round 0 brackets the candidate with baseline starts,
+    every window records its place in the run order, the rounds are replayed from the ledger
+    alone, and the trail is in the console, the report and the MLflow parent run."""
+    args = _args(tmp_path, models, "sweep.design=race", "drafter=[none,ngram]",
+                 "+sweep.num_speculative_tokens.ngram=[2]", "sweep.budget.max_rounds=1",
+                 "sweep.budget.confirm_starts=2", "sweep.budget.max_confirm_starts=2",
+                 "sweep.budget.confirm_looks=1")
+    proc = _run(tmp_path, args)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    ledger = _ledger(tmp_path)
+    ms = [e.measurement for e in ledger.entries()]
+    starts = {(m.key.engine_hash, m.key.block): m.seq for m in ms}
+    assert len(starts) == len(ledger.events("engine_start")) >= 3
+    assert sorted(starts.values()) == list(range(len(starts)))  # one run order, no gaps
+    first = sorted((m for m in ms if m.round == 0), key=lambda m: m.seq)
+    assert [m.method for m in first][::2] == ["none", "ngram", "none"]  # base, cand, base
+    assert all(m.engine_s > 0 for m in ms)
+    confirm = [m for m in ms if m.stage == "confirm"]
+    if confirm:  # a selected winner: 2 fresh starts with fresh baseline starts around them
+        assert {m.round for m in confirm} == {1}
+        assert len({(m.key.engine_hash, m.key.block) for m in confirm}) == 5
+    assert "round 0 (explore) done: 3 engine starts" in proc.stderr
+    report = next((tmp_path / "work" / "sweeps").iterdir()) / "report" / "report.md"
+    text = report.read_text()
+    assert "## Rounds" in text and "| 0 | explore | 3 |" in text
+    parent, children = _runs(tmp_path)
+    assert len(children) == len(ms)
+    assert parent.data.tags["specflow.round.0"].startswith("explore: chat c1 ")
+    history = _client(tmp_path).get_metric_history(parent.info.run_id, "race.engine_starts")
+    assert [int(m.value) for m in sorted(history, key=lambda m: m.step)][0] == 3
+    # the sweep is over: running it again measures nothing and decides the same
+    again = _run(tmp_path, args)
+    assert again.returncode == proc.returncode
+    assert len(ledger.events("engine_start")) == len(starts)
