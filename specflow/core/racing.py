@@ -100,8 +100,22 @@ class Noise:
         w = self.window_var(engine_hash) / m
         if not self.replicated:
             return w, float(max(1, self.within.get(engine_hash, (0.0, 0))[1]))
-        # Never below what the config's own windows imply (a lucky agreement of few blocks).
-        return max(self.v_block * self.m_bar / m, w), self.df
+        # The start effect plus this config's window noise over its m windows (blocks may differ
+        # in size: racing adapts the windows per start to the noise).
+        return self.start_var + w, self.df
+
+    @property
+    def start_var(self) -> float:
+        """Variance of the engine-start effect: the spread of block means beyond what their
+        windows explain (method of moments, floored at 0)."""
+        return max(0.0, self.v_block - self.cv ** 2 / self.m_bar)
+
+    def windows_per_start(self, start_s: float, window_s: float) -> float:
+        """The windows per start that minimise cost x variance: sqrt(start cost / window cost x
+        window variance / start variance) (the classic two-stage sampling optimum)."""
+        if self.start_var <= 0:
+            return math.inf
+        return math.sqrt(start_s / max(window_s, 1e-9) * self.cv ** 2 / self.start_var)
 
 
 def block_noise(blocks: Sequence[Block], baseline_hash: str) -> Noise:
@@ -267,10 +281,12 @@ class Budget:
     """Exploration rounds after which the best contender is selected (or the band unresolved)."""
     confirm_starts: int = 2
     """Fewest fresh engine starts of a selected winner per confirmation look."""
-    max_confirm_starts: int = 12
+    max_confirm_starts: int = 24
     """Most: a look is sized for power from the exploration estimate, up to this."""
     confirm_looks: int = 2
     """Confirmation looks allowed; the alpha is split evenly over them."""
+    max_repeats: int | None = None
+    """Most windows per engine start when the noise calls for more (None: 4 x repeats)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import numpy as np
 from scipy import stats
 
 from specflow.core import analysis, racing
@@ -286,10 +287,15 @@ def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict]
     if not contenders:
         return replace(now, status="off", why="every candidate was dropped")
     leader = racing.clear_leader(estimates) if len(contenders) > 1 else contenders[0]
+    best = max(contenders, key=lambda h: estimates[h].lo)
+    if leader is None and estimates[best].lo >= threshold:
+        # Already above the margin on exploration data: confirmation (fresh starts, corrected)
+        # decides; a lucky pick fails there and costs power, never a false promotion.
+        leader = best
     if protected & set(contenders) and index + 1 < max_rounds:
         leader = None  # nothing is selected on data a baseline step may have distorted
     if leader is None and index + 1 >= max_rounds:
-        leader = max(contenders, key=lambda h: estimates[h].lo)
+        leader = best
     if leader is not None and estimates[leader].value >= threshold:
         others = tuple((h, f"round {index}: {_name_short(leader)} selected instead")
                        for h in contenders if h != leader)
@@ -357,7 +363,7 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
                 index: int) -> tuple[racing.Stage, list]:
     """Exploration while any band explores (contenders only, at their bands' points); then one
     confirmation look for every selected winner, with fresh baseline starts around it."""
-    base_repeats = shape.repeats
+    repeats = _windows_per_start(shape, data)
     exploring = {k: st for k, st in states.items() if st.status == "exploring"}
     if exploring:
         per: dict[str, set[tuple[str, int]]] = defaultdict(set)
@@ -365,9 +371,9 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
             for h in st.contenders:
                 per[h].update(bands[k])
         open_points = sorted({p for k in exploring for p in bands[k]})
-        cands = [(h, "explore", tuple(sorted(per[h])), shape.repeats)
+        cands = [(h, "explore", tuple(sorted(per[h])), repeats)
                  for h in shape.candidates if h in per]
-        base = (shape.baseline, "explore", tuple(open_points), base_repeats)
+        base = (shape.baseline, "explore", tuple(open_points), repeats)
         return "explore", _with_baselines(cands, base, shape.baseline_every, opening=False)
     confirming = {k: st for k, st in states.items() if st.status == "confirming"}
     if not confirming:
@@ -376,13 +382,30 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
     for k, st in confirming.items():
         per[st.contenders[0]].update(bands[k])
     open_points = sorted({p for k in confirming for p in bands[k]})
-    base = (shape.baseline, "confirm", tuple(open_points), base_repeats)
-    winners = [(h, "confirm", tuple(sorted(per[h])), shape.repeats)
+    base = (shape.baseline, "confirm", tuple(open_points), repeats)
+    winners = [(h, "confirm", tuple(sorted(per[h])), repeats)
                for h in shape.candidates if h in per]
     plan = [base]
     for _ in range(_confirm_size(shape, promote, confirming)):
         plan += [*winners, base]
     return "confirm", plan
+
+
+def _windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
+    """Windows per engine start for the next round: the cost-optimal number for the noise
+    measured so far (median over points), between `repeats` and `budget.max_repeats`."""
+    cap = shape.budget.max_repeats or 4 * shape.repeats
+    blocks = racing.blocks_by_point(
+        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
+         m.stage, m.output_throughput) for m in data
+        if m.ok and not m.failed and m.output_throughput > 0)
+    start_s, window_s = _costs(data, shape)
+    best = [racing.block_noise(bs, shape.baseline).windows_per_start(start_s, window_s)
+            for bs in blocks.values()]
+    if not best:
+        return shape.repeats
+    m = float(np.median(best))
+    return int(min(cap, max(shape.repeats, round(m) if math.isfinite(m) else cap)))
 
 
 def _confirm_size(shape: Shape, promote: PromoteSpec,

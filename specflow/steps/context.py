@@ -91,7 +91,8 @@ class Context:
             concurrency=tuple(sweep.concurrency), repeats=sweep.repeats,
             closing_repeats=sweep.closing_baseline_repeats,
             budget=racing.Budget(b.engine_seconds, b.windows, b.engine_starts, b.max_rounds,
-                                 b.confirm_starts, b.max_confirm_starts, b.confirm_looks),
+                                 b.confirm_starts, b.max_confirm_starts, b.confirm_looks,
+                                 b.max_repeats),
             baseline_every=b.baseline_every)
 
     def start_windows(self, start: rounds.Start) -> list[Window]:
