@@ -1330,7 +1330,8 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
         rows.append({
             "traffic_class": d.traffic_class, "band": d.band.label, "engine": "off (baseline)",
             "engine_hash": result.deployment.baseline_hash, "method": BASELINE_METHOD, "N": 0,
-            "verdict": "winner" if d.winner is None else "eligible",
+            "verdict": ("unresolved" if d.outcome == "unresolved" else "winner")
+            if d.winner is None else "eligible",
             "speedup": 1.0, "lo": 1.0, "hi": 1.0, "worst_point": None, "quality": None,
             "acceptance_rate": None,
             "why": "; ".join(d.reasons) if d.winner is None else "a candidate passed every gate",

@@ -10,7 +10,7 @@ import hashlib
 import ipaddress
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specflow.core.errors import Problem, Raw, SpecError, did_you_mean, one_of
@@ -69,6 +69,22 @@ class EngineConfig:
             "speculative_config": self.speculative_config,
             "serve_argv": list(self.serve_argv),
         }
+
+
+def with_schedule(ec: EngineConfig, schedule: Sequence[Sequence[int]]) -> EngineConfig:
+    """`ec` serving an N schedule (`num_speculative_tokens_per_batch_size`): the engine a
+    schedule is deployed as, and measured as before it is promoted. `ec` runs the schedule's
+    largest N (its global num_speculative_tokens)."""
+    if ec.speculative_config is None or "--speculative-config" not in ec.serve_argv:
+        raise ValueError(f"{ec.name} does not speculate: a schedule needs a drafter")
+    ranges = [[int(a), int(b), int(n)] for a, b, n in schedule]
+    spec_cfg = {**ec.speculative_config, "num_speculative_tokens_per_batch_size": ranges}
+    argv = list(ec.serve_argv)
+    i = argv.index("--speculative-config")
+    argv[i + 1] = json.dumps(spec_cfg, sort_keys=True, separators=(",", ":"))
+    label = "_".join(f"{a}-{b}n{n}" for a, b, n in ranges)
+    return replace(ec, name=f"{ec.drafter}-schedule-{label}", speculative_config=spec_cfg,
+                   serve_argv=tuple(argv))
 
 
 @dataclass(frozen=True)

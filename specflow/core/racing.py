@@ -42,7 +42,9 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-Stage = Literal["explore", "confirm"]
+Stage = Literal["explore", "confirm", "schedule"]
+"""Exploration (selection data), confirmation (fresh starts of a selected winner), schedule
+(an emitted N schedule deployed as one engine and measured around its thresholds)."""
 
 
 @dataclass(frozen=True)

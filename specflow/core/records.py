@@ -93,8 +93,9 @@ class Measurement:
     seq: int = -1
     """Position of this window's engine start in the sweep's run order (-1: not recorded;
     analysis then assumes baseline first, candidates, closing baseline last)."""
-    stage: Literal["explore", "confirm"] = "explore"
-    """Racing stage of the engine start: selection data, or fresh confirmation data."""
+    stage: Literal["explore", "confirm", "schedule"] = "explore"
+    """Racing stage of the engine start: selection data, fresh confirmation data, or the
+    measurement of an emitted N schedule around its thresholds."""
     round: int = 0
     """Racing round the engine start belonged to."""
     engine_s: float = 0.0

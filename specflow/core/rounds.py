@@ -12,9 +12,10 @@ budget, then confirms the selected winners on fresh engine starts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -22,6 +23,7 @@ import numpy as np
 from scipy import stats
 
 from specflow.core import analysis, racing
+from specflow.core.compile import EngineConfig, with_schedule
 from specflow.core.records import Measurement, PointKey
 from specflow.core.schema import PromoteSpec
 
@@ -51,6 +53,9 @@ class Shape:
     """Assumed engine start cost before one is measured (seconds)."""
     window_s: float = 30.0
     """Assumed window cost before one is measured (seconds)."""
+    engines: Mapping[str, EngineConfig] = field(default_factory=dict)
+    """The plan's engine configs by key (an emitted schedule is derived from them and measured;
+    empty: schedules are not measured)."""
 
     @property
     def points(self) -> tuple[tuple[str, int], ...]:
@@ -87,6 +92,46 @@ class Round:
 
 
 @dataclass(frozen=True)
+class SchedulePoint:
+    workload: str
+    concurrency: int
+    n: int
+    """The schedule's N at this batch size."""
+    speedup: float
+    lo: float
+    hi: float
+    starts: int
+
+
+@dataclass(frozen=True)
+class ScheduleCheck:
+    """An emitted schedule deployed as one engine, measured against the baseline at the
+    concurrency levels on both sides of each threshold (vLLM issue 49548: throughput can
+    collapse right at a threshold)."""
+
+    traffic_class: str
+    engine_hash: str
+    schedule: tuple[tuple[int, int, int], ...]
+    levels: tuple[int, ...]
+    points: tuple[SchedulePoint, ...] = ()
+    passed: bool = False
+    why: str = ""
+
+
+def schedule_levels(schedule: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """Batch sizes on both sides of every threshold: the last of each range and the first of
+    the next."""
+    out: set[int] = set()
+    for (_, end, _), (start, _, _) in zip(schedule, schedule[1:], strict=False):
+        out.update({end, start})
+    return tuple(sorted(c for c in out if c >= 1))
+
+
+def _n_at(schedule: Sequence[Sequence[int]], c: int) -> int:
+    return next((n for a, b, n in schedule if a <= c <= b), 0)
+
+
+@dataclass(frozen=True)
 class Progress:
     """The sweep's rounds so far and the one to run now."""
 
@@ -99,6 +144,10 @@ class Progress:
     spent: racing.Spent
     problems: tuple[str, ...] = ()
     """Why the race cannot go on (the data cannot be analysed)."""
+    schedules: Mapping[str, ScheduleCheck] = field(default_factory=dict)
+    """Per traffic class: its emitted N schedule measured as one engine (racing sweeps)."""
+    derived: Mapping[str, EngineConfig] = field(default_factory=dict)
+    """Engine configs the race made (schedules), by hash."""
 
 
 def spent(ms: Sequence[Measurement]) -> racing.Spent:
@@ -163,23 +212,36 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
     blocks: Counter[str] = Counter()
     seq, index, stage = 0, 0, plan[0][1] if plan else "explore"
     total = racing.Spent()
+    checks: dict[str, ScheduleCheck] = {}
+    pending: dict[str, tuple[ScheduleCheck, EngineConfig]] = {}
+    derived: dict[str, EngineConfig] = {}
     while plan:
         starts = _place(plan, index, seq, blocks)
         seq += len(starts)
         current = Round(index, stage, starts)
         if any(k.id not in recorded for s in starts for k in s.window_keys()):
-            return Progress(tuple(rounds), current, states, total)
+            return Progress(tuple(rounds), current, states, total, (), checks, derived)
         data = [m for m in measurements if m.round <= index]
         total = spent(data)
         if shape.design == "grid":
             rounds.append(replace(current, spent=total))
             return Progress(tuple(rounds), None, states, total)
+        decided = [m for m in data if m.stage != "schedule"]
         try:
-            states = _after_round(shape, promote, bands, states, data, refused, stage, index)
+            if stage == "schedule":
+                checks = _check_schedules(shape, promote, pending, data)
+            else:
+                states = _after_round(shape, promote, bands, states, decided, refused, stage,
+                                      index)
+            stage, plan = _next_round(shape, promote, bands, states, decided, index + 1)
+            if not plan and not checks and shape.engines:
+                pending = _pending_schedules(shape, promote, states, decided, refused)
+                stage, plan = "schedule", _schedule_round(shape, pending.values(), decided)
+                derived = {c.engine_hash: e for c, e in pending.values()}
         except analysis.AnalysisError as exc:
             rounds.append(replace(current, states=tuple(states.values()), spent=total))
-            return Progress(tuple(rounds), None, states, total, tuple(exc.problems))
-        stage, plan = _next_round(shape, promote, bands, states, data, index + 1)
+            return Progress(tuple(rounds), None, states, total, tuple(exc.problems),
+                            checks, derived)
         if plan:
             cost = racing.round_cost([racing.PlannedStart(h, st, p, r) for h, st, p, r in plan],
                                      *_costs(data, shape))
@@ -188,7 +250,92 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
                 plan = []
         rounds.append(replace(current, states=tuple(states.values()), spent=total))
         index += 1
-    return Progress(tuple(rounds), None, states, total)
+    return Progress(tuple(rounds), None, states, total, (), checks, derived)
+
+
+def _pending_schedules(shape: Shape, promote: PromoteSpec,
+                       states: Mapping[BandKey, racing.BandState], data: Sequence[Measurement],
+                       refused: frozenset[str]) -> dict[str, tuple[ScheduleCheck, EngineConfig]]:
+    """The classes whose decided deployment is an N schedule, with the engine it deploys as."""
+    base = [m for m in data if m.key.engine_hash == shape.baseline]
+    later = [m for m in base if m.key.block > 0]
+    opening = [m for m in data if m not in later]
+    result = analysis.analyze(opening, promote, closing_baseline=later,
+                              refused_by_headroom=refused, race=dict(states))
+    out = {}
+    for r in result.classes:
+        dep = r.deployment
+        top = shape.engines.get(dep.engine_hash)
+        if dep.schedule is None or top is None:
+            continue
+        ec = with_schedule(top, dep.schedule)
+        out[r.traffic_class] = (ScheduleCheck(r.traffic_class, ec.hash, dep.schedule,
+                                              schedule_levels(dep.schedule)), ec)
+    return out
+
+
+def _schedule_round(shape: Shape, pending: Iterable[tuple[ScheduleCheck, EngineConfig]],
+                    data: Sequence[Measurement]) -> list:
+    """Each schedule engine started `confirm_starts` times at the levels around its thresholds,
+    with baseline starts at the same points around every start."""
+    pending = list(pending)
+    if not pending:
+        return []
+    points = {c.engine_hash: tuple((w, lvl) for w, cls in shape.workloads.items()
+                                   if cls == c.traffic_class for lvl in c.levels)
+              for c, _ in pending}
+    every = tuple(sorted({p for ps in points.values() for p in ps}))
+    repeats = _windows_per_start(shape, data)
+    base = (shape.baseline, "schedule", every, repeats)
+    plan = [base]
+    for _ in range(shape.budget.confirm_starts):
+        plan += [*((c.engine_hash, "schedule", points[c.engine_hash], repeats)
+                   for c, _ in pending), base]
+    return plan
+
+
+def _check_schedules(shape: Shape, promote: PromoteSpec,
+                     pending: Mapping[str, tuple[ScheduleCheck, EngineConfig]],
+                     data: Sequence[Measurement]) -> dict[str, ScheduleCheck]:
+    """A schedule fails where it falls short beyond noise: its upper bound below 1 + margin at
+    a level where it speculates (what its bands were promoted on), below 1 - margin where its N
+    is 0 (the drafter is loaded but idle there)."""
+    rows = [(m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat,
+             m.seq, m.stage, m.output_throughput) for m in data
+            if m.stage == "schedule" and m.ok and not m.failed and m.output_throughput > 0]
+    blocks = racing.blocks_by_point(rows)
+    out = {}
+    for cls, (check, _) in pending.items():
+        pts, losses = [], []
+        for (w, c), bs in sorted(blocks.items()):
+            if shape.workloads.get(w) != cls or c not in check.levels:
+                continue
+            noise = racing.block_noise(bs, shape.baseline)
+            con = racing.contrast([b for b in bs if b.engine_hash == check.engine_hash],
+                                  [b for b in bs if b.engine_hash == shape.baseline], noise)
+            if con is None:
+                continue
+            lo, hi = con.interval(promote.confidence)
+            n = _n_at(check.schedule, c)
+            pts.append(SchedulePoint(w, c, n, con.speedup, lo, hi, con.n_blocks))
+            floor = 1.0 + promote.margin if n > 0 else 1.0 - promote.margin
+            if hi < floor:
+                losses.append(f"{w} c={c} (N={n}): speedup {con.speedup:.3f} "
+                              f"[{lo:.3f}, {hi:.3f}] < {floor:.2f}")
+        want = {(w, c) for w, k in shape.workloads.items() if k == cls for c in check.levels}
+        missing = sorted(want - {(p.workload, p.concurrency) for p in pts})
+        if missing:
+            why = ("the schedule was not measured at " + ", ".join(f"{w} c={c}"
+                                                                  for w, c in missing)
+                   + " (its engine failed or vLLM refused it)")
+        elif losses:
+            why = "the schedule falls short around a threshold: " + "; ".join(losses)
+        else:
+            why = "measured around every threshold: " + "; ".join(
+                f"{p.workload} c={p.concurrency} (N={p.n}) {p.speedup:.3f} "
+                f"[{p.lo:.3f}, {p.hi:.3f}]" for p in pts)
+        out[cls] = replace(check, points=tuple(pts), passed=not missing and not losses, why=why)
+    return out
 
 
 def _first_round(shape: Shape, alive: Sequence[str]
@@ -444,3 +591,20 @@ def _out_of_budget(states: Mapping[BandKey, racing.BandState], total: racing.Spe
     return {k: (replace(st, status="unresolved", why=why)
                 if st.status in ("exploring", "confirming") else st)
             for k, st in states.items()}
+
+
+def measured_schedules(result: analysis.Analysis, checks: Mapping[str, ScheduleCheck]
+                       ) -> tuple[analysis.Analysis, list[str]]:
+    """Drop the classes whose emitted schedule was not measured as one engine, or lost to the
+    baseline around a threshold when it was (a racing sweep measures every emitted schedule)."""
+    kept, problems = [], []
+    for r in result.classes:
+        check = checks.get(r.traffic_class)
+        if r.deployment.schedule is None or (check is not None and check.passed):
+            kept.append(r)
+        else:
+            why = check.why if check is not None else ("it was not measured as one engine "
+                                                       "(the budget ran out before it)")
+            problems.append(f"{r.traffic_class}: the emitted schedule "
+                            f"{[list(x) for x in r.deployment.schedule]} is not promoted: {why}")
+    return dataclasses.replace(result, classes=tuple(kept)), problems

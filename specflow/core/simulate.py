@@ -14,6 +14,7 @@ tests that pin the decision's properties. The noise model, per window, on output
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,12 +56,19 @@ class Scenario:
     gains: Mapping[str, float] = field(default_factory=dict)
     """True speedup per engine hash (every point)."""
     base_tput: float = 100.0
+    level_gains: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    """True speedup per (engine hash, concurrency), over `gains`."""
+
+    def gain(self, engine_hash: str, concurrency: int) -> float:
+        return self.level_gains.get((engine_hash, concurrency),
+                                    self.gains.get(engine_hash, 1.0))
 
 
 def window(scn: Scenario, start: rounds.Start, key_index: int, value: float, duration_s: float,
            engine_s: float) -> Measurement:
     """One simulated window: identical outputs everywhere (the quality gate passes)."""
-    e = scn.engines[start.engine_hash]
+    e = scn.engines.get(start.engine_hash) or Engine(start.engine_hash, "schedule",
+                                                      "ngram", 0)
     key = start.window_keys()[key_index]
     return Measurement(
         key=key, engine=e.name, drafter=e.method, method=e.method, num_speculative_tokens=e.n,
@@ -83,7 +91,7 @@ def run_round(scn: Scenario, noise: Noise, current: rounds.Round, rng: np.random
     out = []
     for start in current.starts:
         keys = start.window_keys()
-        gain = scn.gains.get(start.engine_hash, 1.0)
+        gain = np.array([scn.gain(start.engine_hash, k.concurrency) for k in keys])
         effect = math.exp(rng.normal(0, noise.start_sd)) if noise.start_sd else 1.0
         drift = 1 + noise.drift * start.seq / max(1, noise.horizon)
         values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(keys))
@@ -109,19 +117,32 @@ def run_sweep(scn: Scenario, noise: Noise, promote: PromoteSpec, seed: int,
 
 def scenario(design: rounds.Design, *, candidates: int = 8, classes: int = 2,
              levels: Sequence[int] = (1, 8), repeats: int = 3, closing_repeats: int = 3,
-             gains: Mapping[int, float] | None = None, budget: object = None) -> Scenario:
+             gains: Mapping[int, float] | None = None, budget: object = None,
+             level_gains: Mapping[tuple[int, int], float] | None = None,
+             measure_schedules: bool = False) -> Scenario:
     """A sweep of `candidates` configs (two methods x N = 1..candidates/2) over `classes`
-    classes of one workload each and one band per level; `gains` by candidate index."""
+    classes of one workload each and one band per level; `gains` by candidate index,
+    `level_gains` by (candidate index, concurrency). `measure_schedules`: the shape carries
+    engine configs, so an emitted schedule is measured (its engine gains 1.0 unless set)."""
     from specflow.core import racing
+    from specflow.core.compile import EngineConfig
 
     engines = {"base": Engine("base", "baseline", "none", 0)}
     for i in range(candidates):
         method = ("ngram", "draft_model")[i % 2]
         n = i // 2 + 1
         engines[f"c{i}"] = Engine(f"c{i}", f"{method}-n{n}", method, n)
+    configs = {}
+    for h, e in engines.items():
+        spec = {"method": e.method, "num_speculative_tokens": e.n} if e.n else None
+        argv = ("vllm", "serve", "sim", *(("--speculative-config", json.dumps(
+            spec, sort_keys=True, separators=(",", ":"))) if spec else ()))
+        configs[h] = EngineConfig(e.name, e.method, e.method, e.n, spec, argv, e.n)
     shape = rounds.Shape(
         design=design, baseline="base", candidates=tuple(f"c{i}" for i in range(candidates)),
         workloads={f"w{k}": f"class{k}" for k in range(classes)}, concurrency=tuple(levels),
         repeats=repeats, closing_repeats=closing_repeats,
-        budget=budget if isinstance(budget, racing.Budget) else racing.Budget())
-    return Scenario(shape, engines, {f"c{i}": g for i, g in (gains or {}).items()})
+        budget=budget if isinstance(budget, racing.Budget) else racing.Budget(),
+        engines=configs if measure_schedules else {})
+    return Scenario(shape, engines, {f"c{i}": g for i, g in (gains or {}).items()},
+                    level_gains={(f"c{i}", c): g for (i, c), g in (level_gains or {}).items()})

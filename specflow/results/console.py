@@ -46,13 +46,14 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
             table.add_column(col, overflow="fold")
         for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
             mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
-            win = next(r for r in mine if r["verdict"] == "winner")
+            win = next(r for r in mine if r["verdict"] in ("winner", "unresolved"))
             others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
                             key=lambda r: -(r["lo"] or 0))
             best = others[0] if others else None
             why = (f"{best['engine']}: {best['speedup']:.3f} [{best['lo']:.3f}, {best['hi']:.3f}] "
                    f"{best['verdict']}" if best else "")
-            table.add_row(cls, band, win["engine"], str(win["N"]),
+            deploy = win["engine"] if win["verdict"] == "winner" else "unresolved (champion kept)"
+            table.add_row(cls, band, deploy, str(win["N"]),
                           f"{win['speedup']:.3f} [{win['lo']:.3f}, {win['hi']:.3f}]", escape(why))
         out.print(table)
     for p in summary["problems"]:

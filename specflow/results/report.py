@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from specflow.core.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
 from specflow.core.fsio import atomic_write
-from specflow.core.rounds import Round
+from specflow.core.rounds import Round, ScheduleCheck
 
 
 @dataclass(frozen=True)
@@ -293,10 +293,15 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
 
 
 def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("."),
-             rounds: Sequence[Round] = ()) -> str:
+             rounds: Sequence[Round] = (),
+             schedules: Mapping[str, ScheduleCheck] | None = None) -> str:
     """The Markdown report (plot links relative to `base`)."""
     lines = ["# specflow decision report", "", _settings_line(analysis), ""]
     lines += rounds_table(rounds)
+    for cls, check in sorted((schedules or {}).items()):
+        lines += [f"Schedule of `{cls}` `{[list(x) for x in check.schedule]}` measured as one "
+                  f"engine (`{check.engine_hash}`) at c={list(check.levels)}: "
+                  f"**{'holds' if check.passed else 'not promoted'}** — {check.why}", ""]
     if analysis.excluded:
         lines += [f"Windows excluded as failed: {analysis.excluded} (counted per point below).",
                   ""]
@@ -309,11 +314,12 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
 
 
 def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md",
-                 rounds: Sequence[Round] = ()) -> ReportFiles:
+                 rounds: Sequence[Round] = (),
+                 schedules: Mapping[str, ScheduleCheck] | None = None) -> ReportFiles:
     """Write every plot and the Markdown report under out_dir; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(analysis, out)
     path = out / name
-    atomic_write(path, markdown(analysis, plots, out, rounds))
+    atomic_write(path, markdown(analysis, plots, out, rounds, schedules or {}))
     return ReportFiles(path, tuple(plots))

@@ -93,12 +93,16 @@ class Context:
             budget=racing.Budget(b.engine_seconds, b.windows, b.engine_starts, b.max_rounds,
                                  b.confirm_starts, b.max_confirm_starts, b.confirm_looks,
                                  b.max_repeats),
-            baseline_every=b.baseline_every)
+            baseline_every=b.baseline_every,
+            engines={ec.hash: ec for ec in self.plan.engine_configs})
 
     def start_windows(self, start: rounds.Start) -> list[Window]:
         """The windows of one planned engine start."""
         firsts = {(w.workload, w.concurrency): w for w in self.windows if w.repeat == 0}
-        return [replace(firsts[(k.workload, k.concurrency)], repeat=k.repeat, block=k.block)
+        template = {w.workload: w for w in self.windows if w.repeat == 0}
+        # a schedule is measured at levels around its thresholds, which may be new levels
+        return [replace(firsts.get((k.workload, k.concurrency), template[k.workload]),
+                        concurrency=k.concurrency, repeat=k.repeat, block=k.block)
                 for k in start.window_keys()]
 
     def closing_windows(self) -> list[Window]:

@@ -75,7 +75,7 @@ def _raced(ctx: Context, progress: rounds.Progress
     if progress.problems:
         raise analysis.AnalysisError(list(progress.problems))
     base = ctx.baseline()
-    ms = measure.plan_measurements(ctx)
+    ms = [m for m in measure.plan_measurements(ctx) if m.stage != "schedule"]
     later = [m for m in ms if base is not None and m.key.engine_hash == base.hash
              and m.key.block > 0]
     opening = [m for m in ms if not (base is not None and m.key.engine_hash == base.hash
@@ -97,9 +97,13 @@ def decide(ctx: Context) -> Outcome:
     except analysis.AnalysisError as exc:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
     files = report.write_report(result, ctx.workdir / "report",
-                                rounds=progress.rounds if progress is not None else ())
+                                rounds=progress.rounds if progress is not None else (),
+                                schedules=progress.schedules if progress is not None else {})
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
+    if progress is not None:
+        promotable, more = rounds.measured_schedules(promotable, progress.schedules)
+        problems += more
     engines = {ec.hash: ec for ec in ctx.plan.engine_configs}
     promotions = promote.promote_all(promotable, engines, ctx.spec.promote,
                                      on_promoted=lambda p: _register(ctx, p))

@@ -11,8 +11,9 @@ from typing import Any
 
 from specflow.core import rounds
 from specflow.core.compile import EngineConfig
-from specflow.core.memory import Headroom
+from specflow.core.memory import Headroom, headroom
 from specflow.core.records import Measurement, PointKey
+from specflow.engine import probe
 from specflow.engine.runner import Window, run_engine
 from specflow.steps.context import Context, OnPoint
 
@@ -107,7 +108,8 @@ def measurements(ctx: Context) -> list[Measurement]:
 def plan_measurements(ctx: Context) -> list[Measurement]:
     """Every window of this plan's engine configs in the ledger (latest per window)."""
     hashes = {ec.hash for ec in ctx.plan.engine_configs}
-    return [m for m in ctx.ledger.measurements() if m.key.engine_hash in hashes]
+    return [m for m in ctx.ledger.measurements()
+            if m.key.engine_hash in hashes or m.stage == "schedule"]
 
 
 def refused(ctx: Context) -> frozenset[str]:
@@ -127,9 +129,33 @@ def run_start(ctx: Context, seq: int, on_point: OnPoint | None = None) -> dict[s
     start = next((s for s in current.starts if s.seq == seq), None) if current else None
     if start is None:
         return {"engine": None, "seq": seq, "skipped": 0, "ok": 0, "failed": 0, "started": False}
-    ec = ctx.engine(start.engine_hash)
+    derived = progress(ctx).derived
+    ec = derived.get(start.engine_hash) or ctx.engine(start.engine_hash)
+    if ec.hash in derived:
+        ctx.headroom.setdefault(ec.hash, headroom(ctx.spec, ec))
+        schedule = (ec.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
+        error = probe.check_schedule(schedule, ctx.spec.backend.vllm_command) if schedule else None
+        if error is not None:
+            return _schedule_refused(ctx, ec, start, error, on_point)
     summary = run_config(ctx, ec, ctx.start_windows(start), on_point, start)
     return {**summary, "seq": seq, "block": start.block, "stage": start.stage}
+
+
+def _schedule_refused(ctx: Context, ec: EngineConfig, start: rounds.Start, error: str,
+                      on_point: OnPoint | None) -> dict[str, Any]:
+    """The installed vLLM rejects the schedule: its windows fail with the reason, no start."""
+    for w in ctx.start_windows(start):
+        m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
+                        num_speculative_tokens=ec.num_speculative_tokens,
+                        traffic_class=w.traffic_class, status="failed",
+                        failure="schedule_rejected", failure_detail=error, seq=start.seq,
+                        stage=start.stage, round=start.round)
+        ctx.ledger.record(m)
+        ctx.log(m)
+        if on_point is not None:
+            on_point(m)
+    return {"engine": ec.name, "hash": ec.hash, "seq": start.seq, "skipped": 0, "ok": 0,
+            "failed": len(start.window_keys()), "started": False}
 
 
 def log_round(ctx: Context, progress: rounds.Progress) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from specflow.core import promote, racing, rounds, simulate
 from specflow.core.analysis import Analysis, analyze
+from specflow.core.compile import with_schedule
 from specflow.core.records import Measurement
 from specflow.core.schema import PromoteSpec
 from tests.builders import engine
@@ -164,3 +165,41 @@ def test_rounds_replay_from_the_records_alone() -> None:
     assert {s.seq for s in second.starts} == set(range(len(prog.current.starts),
                                                        len(prog.current.starts)
                                                        + len(second.starts)))
+
+
+def _schedule_scenario(schedule_gain: dict[int, float]) -> tuple[simulate.Scenario, str]:
+    """ngram N=2 wins at c=1 and N=1 at c=8: the class deploys the schedule [[1,7,2],[8,8,1]]
+    as one engine, whose true speedup per level is `schedule_gain`."""
+    scn = simulate.scenario("race", candidates=4, classes=1, levels=(1, 8),
+                            measure_schedules=True,
+                            level_gains={(2, 1): 1.4, (2, 8): 1.1, (0, 1): 1.15, (0, 8): 1.35})
+    sched = with_schedule(scn.shape.engines["c2"], [[1, 7, 2], [8, 8, 1]])
+    gains = {**scn.level_gains, **{(sched.hash, c): g for c, g in schedule_gain.items()}}
+    return dataclasses.replace(scn, level_gains=gains), sched.hash
+
+
+def test_an_emitted_schedule_is_measured_on_both_sides_of_its_threshold() -> None:
+    scn, sched = _schedule_scenario({7: 1.4, 8: 1.35})
+    prog, ms = simulate.run_sweep(scn, simulate.Noise(cv=0.02), FAST, 0)
+    last = prog.rounds[-1]
+    assert last.stage == "schedule"
+    assert {s.engine_hash for s in last.starts} == {"base", sched}
+    assert {p for s in last.starts for p in s.points} == {("w0", 7), ("w0", 8)}
+    assert sum(s.engine_hash == sched for s in last.starts) == 2  # fresh starts, baseline around
+    check = prog.schedules["class0"]
+    assert check.passed and check.levels == (7, 8) and prog.derived[sched].name.startswith(
+        "ngram-schedule")
+    result = _decide(scn, prog, [m for m in ms if m.stage != "schedule"])
+    assert result.classes[0].deployment.schedule == ((1, 7, 2), (8, 8, 1))
+    kept, problems = rounds.measured_schedules(result, prog.schedules)
+    assert len(kept.classes) == 1 and problems == []
+
+
+def test_a_schedule_that_collapses_at_its_threshold_is_not_promoted() -> None:
+    scn, _ = _schedule_scenario({7: 1.4, 8: 0.8})  # vLLM issue 49548's failure mode
+    prog, ms = simulate.run_sweep(scn, simulate.Noise(cv=0.02), FAST, 0)
+    check = prog.schedules["class0"]
+    assert not check.passed and "w0 c=8 (N=1)" in check.why
+    result = _decide(scn, prog, [m for m in ms if m.stage != "schedule"])
+    kept, problems = rounds.measured_schedules(result, prog.schedules)
+    assert kept.classes == () and "falls short around a threshold" in problems[0]
