@@ -57,3 +57,5 @@ _.events
 
 # Properties analysis.to_json serialises by name (the report's JSON and champion.json).
 _.fraction
+# bench/decision_quality.py Figures: fields that reach the JSON line through asdict.
+_.wrong_count

@@ -243,9 +243,8 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
             return Progress(tuple(rounds), None, states, total, tuple(exc.problems),
                             checks, derived)
         if plan:
-            cost = racing.round_cost([racing.PlannedStart(h, st, p, r) for h, st, p, r in plan],
-                                     *_costs(data, shape))
-            if not total.plus(cost).within(shape.budget):
+            plan, cost = _affordable(shape, stage, plan, total, _costs(data, shape))
+            if cost is not None:
                 states = _out_of_budget(states, total, cost)
                 plan = []
         rounds.append(replace(current, states=tuple(states.values()), spent=total))
@@ -336,6 +335,29 @@ def _check_schedules(shape: Shape, promote: PromoteSpec,
                 f"[{p.lo:.3f}, {p.hi:.3f}]" for p in pts)
         out[cls] = replace(check, points=tuple(pts), passed=not missing and not losses, why=why)
     return out
+
+
+def _affordable(shape: Shape, stage: racing.Stage, plan: list, total: racing.Spent,
+                costs: tuple[float, float]) -> tuple[list, racing.Spent | None]:
+    """The plan if it fits the budget; a confirmation look shrinks to the largest that fits
+    (never below `confirm_starts`). Otherwise the cost that does not fit."""
+
+    def cost(p: list) -> racing.Spent:
+        return racing.round_cost([racing.PlannedStart(h, st, pts, r) for h, st, pts, r in p],
+                                 *costs)
+
+    if total.plus(cost(plan)).within(shape.budget):
+        return plan, None
+    if stage == "confirm":
+        base, winners = plan[0], [x for x in plan[1:] if x[0] != shape.baseline]
+        per = len({x[0] for x in winners})
+        k = len(winners) // max(1, per) - 1
+        while k >= shape.budget.confirm_starts:
+            smaller = confirm_plan(base, winners[:per], k)
+            if total.plus(cost(smaller)).within(shape.budget):
+                return smaller, None
+            k -= 1
+    return plan, cost(plan)
 
 
 def _first_round(shape: Shape, alive: Sequence[str]
@@ -532,20 +554,23 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
     base = (shape.baseline, "confirm", tuple(open_points), repeats)
     winners = [(h, "confirm", tuple(sorted(per[h])), repeats)
                for h in shape.candidates if h in per]
+    starts = _confirm_size(shape, promote, bands, confirming, data, repeats)
+    return "confirm", confirm_plan(base, winners, starts)
+
+
+def confirm_plan(base: tuple, winners: list, k: int) -> list:
+    """A confirmation look: k starts of each winner, a fresh baseline start around each."""
     plan = [base]
-    for _ in range(_confirm_size(shape, promote, confirming)):
+    for _ in range(k):
         plan += [*winners, base]
-    return "confirm", plan
+    return plan
 
 
 def _windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
     """Windows per engine start for the next round: the cost-optimal number for the noise
     measured so far (median over points), between `repeats` and `budget.max_repeats`."""
     cap = shape.budget.max_repeats or 4 * shape.repeats
-    blocks = racing.blocks_by_point(
-        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
-         m.stage, m.output_throughput) for m in data
-        if m.ok and not m.failed and m.output_throughput > 0)
+    blocks = _blocks(data)
     start_s, window_s = _costs(data, shape)
     best = [racing.block_noise(bs, shape.baseline).windows_per_start(start_s, window_s)
             for bs in blocks.values()]
@@ -555,30 +580,41 @@ def _windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
     return int(min(cap, max(shape.repeats, round(m) if math.isfinite(m) else cap)))
 
 
-def _confirm_size(shape: Shape, promote: PromoteSpec,
-                  confirming: Mapping[BandKey, racing.BandState]) -> int:
+def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                  confirming: Mapping[BandKey, racing.BandState], data: Sequence[Measurement],
+                  repeats: int) -> int:
     """Engine starts per winner for one confirmation look: enough for 90% power at the
-    exploration estimate (halfway to its lower bound, against the winner's curse) and the
-    corrected alpha, within [confirm_starts, max_confirm_starts]."""
+    exploration estimate (halfway to its lower bound, against the winner's curse), at the
+    corrected alpha and the noise measured so far with `repeats` windows per start, within
+    [confirm_starts, max_confirm_starts]. A look of k winner starts has k + 1 baseline starts
+    around them: var ~ v_winner / k + v_baseline / k."""
     budget = shape.budget
     alpha = (1 - promote.confidence) / 2 / budget.confirm_looks / max(1, len(confirming))
     z = float(stats.norm.isf(alpha)) + float(stats.norm.isf(0.1))
+    blocks = _blocks(data)
     need = budget.confirm_starts
-    for st in confirming.values():
+    for key, st in confirming.items():
         h = st.contenders[0]
         iv = st.estimates.get(h)
         if iv is None or iv.lo <= 0:
             continue
-        se = (math.log(iv.hi) - math.log(iv.lo)) / (2 * float(stats.norm.isf(
-            (1 - promote.confidence) / 2)))
         gap = math.log((iv.value * iv.lo) ** 0.5) - math.log(1 + promote.margin)
-        if gap <= 0 or se <= 0:
+        if gap <= 0:
             continue  # a marginal selection: the smallest look, not the largest
-        # The look's contrast has the exploration's shape (a fresh baseline start around each
-        # winner start), so its variance scales with 1 / starts.
-        k = math.ceil(iv.starts * (z * se / gap) ** 2)
-        need = max(need, k)
+        for point in bands[key]:
+            noise = racing.block_noise(blocks.get(point, []), shape.baseline)
+            var = sum(noise.start_var + noise.window_var(e) / repeats
+                      for e in (h, shape.baseline))
+            need = max(need, math.ceil(var * (z / gap) ** 2))
     return min(need, budget.max_confirm_starts)
+
+
+def _blocks(data: Sequence[Measurement]) -> dict[tuple[str, int], list[racing.Block]]:
+    """The usable windows of the records as engine-start blocks per point."""
+    return racing.blocks_by_point(
+        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
+         m.stage, m.output_throughput) for m in data
+        if m.ok and not m.failed and m.output_throughput > 0)
 
 
 def _out_of_budget(states: Mapping[BandKey, racing.BandState], total: racing.Spent,
