@@ -268,7 +268,7 @@ def test_a_racing_sweep_runs_in_rounds_and_leaves_its_trail(tmp_path: Path, mode
     args = _args(tmp_path, models, "sweep.design=race", "drafter=[none,ngram]",
                  "+sweep.num_speculative_tokens.ngram=[2]", "sweep.budget.max_rounds=1",
                  "sweep.budget.confirm_starts=2", "sweep.budget.max_confirm_starts=2",
-                 "sweep.budget.confirm_looks=1")
+                 "sweep.budget.confirm_looks=1", "sweep.budget.max_repeats=2")
     proc = _run(tmp_path, args)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     ledger = _ledger(tmp_path)
