@@ -252,14 +252,27 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
     return Progress(tuple(rounds), None, states, total, (), checks, derived)
 
 
+def split_baseline(data: Sequence[Measurement], baseline: str
+                   ) -> tuple[list[Measurement], list[Measurement]]:
+    """Every window but the baseline's later engine starts, and those (what `analyze` takes as
+    measurements and closing_baseline)."""
+    later = [m for m in data if m.key.engine_hash == baseline and m.key.block > 0]
+    opening = [m for m in data if not (m.key.engine_hash == baseline and m.key.block > 0)]
+    return opening, later
+
+
+def _fast(promote: PromoteSpec) -> PromoteSpec:
+    """The rules the race decides under, with the display-only throughput bootstrap at its
+    minimum: the race reads speedups and gates, never the throughput intervals."""
+    return promote.model_copy(update={"bootstrap_samples": 100})
+
+
 def _pending_schedules(shape: Shape, promote: PromoteSpec,
                        states: Mapping[BandKey, racing.BandState], data: Sequence[Measurement],
                        refused: frozenset[str]) -> dict[str, tuple[ScheduleCheck, EngineConfig]]:
     """The classes whose decided deployment is an N schedule, with the engine it deploys as."""
-    base = [m for m in data if m.key.engine_hash == shape.baseline]
-    later = [m for m in base if m.key.block > 0]
-    opening = [m for m in data if m not in later]
-    result = analysis.analyze(opening, promote, closing_baseline=later,
+    opening, later = split_baseline(data, shape.baseline)
+    result = analysis.analyze(opening, _fast(promote), closing_baseline=later,
                               refused_by_headroom=refused, race=dict(states))
     out = {}
     for r in result.classes:
@@ -414,11 +427,8 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
                  refused: frozenset[str], stage: racing.Stage, index: int
                  ) -> dict[BandKey, racing.BandState]:
     """The band states after an exploration or a confirmation round."""
-    base = [m for m in data if m.key.engine_hash == shape.baseline]
-    rest = [m for m in data if m.key.engine_hash != shape.baseline]
-    first = [m for m in base if m.key.block == 0]
-    later = [m for m in base if m.key.block > 0]
-    result = analysis.analyze([*first, *rest], promote, closing_baseline=later,
+    opening, later = split_baseline(data, shape.baseline)
+    result = analysis.analyze(opening, _fast(promote), closing_baseline=later,
                               refused_by_headroom=refused, family="none", stage=stage)
     verdicts = _band_estimates(result)
     out = dict(states)

@@ -76,10 +76,7 @@ def _raced(ctx: Context, progress: rounds.Progress
         raise analysis.AnalysisError(list(progress.problems))
     base = ctx.baseline()
     ms = [m for m in measure.plan_measurements(ctx) if m.stage != "schedule"]
-    later = [m for m in ms if base is not None and m.key.engine_hash == base.hash
-             and m.key.block > 0]
-    opening = [m for m in ms if not (base is not None and m.key.engine_hash == base.hash
-                                     and m.key.block > 0)]
+    opening, later = rounds.split_baseline(ms, base.hash if base is not None else "")
     states = dict(progress.states)
     return analysis.analyze(opening, ctx.spec.promote, closing_baseline=later,
                             refused_by_headroom=measure.refused(ctx), race=states), states
