@@ -209,7 +209,8 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     spent = prog.spent.engine_seconds
     if prog.problems:
         return Trial((), 0, spent, "; ".join(prog.problems)[:200])
-    opening, later = _split(ms, sim.shape.baseline)
+    # As `steps.decide` does: a measured N schedule (not simulated here) is checked apart.
+    opening, later = _split([m for m in ms if m.stage != "schedule"], sim.shape.baseline)
     try:
         result = analysis.analyze(opening, PROMOTE, closing_baseline=later, race=prog.states)
     except analysis.AnalysisError as exc:

@@ -8,7 +8,6 @@ re-run task redoes only what is missing. `on_point` (progress) is for in-process
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, task
@@ -89,7 +88,7 @@ def decide(overrides: list[str]) -> dict[str, Any]:
 @flow(name="specflow-sweep", flow_run_name="sweep {run_label}", log_prints=True)
 def sweep_flow(overrides: list[str], run_label: str = "",
                on_point: steps.OnPoint | None = None,
-               on_round: OnRound | None = None) -> dict[str, Any]:
+               on_round: steps.OnRound | None = None) -> dict[str, Any]:
     """Headroom, every engine config, the closing baseline, the decision and the promotion."""
     plan = prepare(overrides)
     if plan["design"] == "race":
@@ -104,15 +103,12 @@ def sweep_flow(overrides: list[str], run_label: str = "",
     return {"plan": plan, "engines": engines, "closing": closing, "outcome": outcome}
 
 
-OnRound = Callable[[list[str]], None]
-"""Called in-process with each round's log lines (what it decided, what runs next)."""
-
 MAX_ROUNDS = 200
 """A guard: a race that plans this many rounds without finishing is a bug, not a sweep."""
 
 
 def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | None,
-          on_round: OnRound | None) -> dict[str, Any]:
+          on_round: steps.OnRound | None) -> dict[str, Any]:
     """Rounds until the race is over: each round's engine starts, then the next round."""
     starts = []
     last: int | None = None
@@ -132,7 +128,7 @@ def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | 
 
 
 def run(overrides: list[str], on_point: steps.OnPoint | None = None,
-        on_round: OnRound | None = None) -> dict[str, Any]:
+        on_round: steps.OnRound | None = None) -> dict[str, Any]:
     """Run the flow in this process (Prefect's temporary local API when no server is set)."""
     return sweep_flow(overrides, run_label=" ".join(overrides) or "defaults", on_point=on_point,
                       on_round=on_round)

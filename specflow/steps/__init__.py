@@ -5,7 +5,7 @@
 process or on another worker and sees the same sweep.
 """
 
-from specflow.steps.context import Context, OnPoint, headroom_reports, open_sweep
+from specflow.steps.context import Context, OnPoint, OnRound, headroom_reports, open_sweep
 from specflow.steps.decide import Outcome, decide, outcome_summary
 from specflow.steps.measure import (
     EngineStartFailed,
@@ -19,7 +19,7 @@ from specflow.steps.measure import (
 )
 
 __all__ = [
-    "Context", "EngineStartFailed", "OnPoint", "Outcome", "decide", "headroom_reports",
+    "Context", "EngineStartFailed", "OnPoint", "OnRound", "Outcome", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
     "log_round", "progress", "run_closing_baseline", "run_start",
 ]

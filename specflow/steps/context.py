@@ -35,6 +35,10 @@ log = logging.getLogger("specflow.steps")
 
 OnPoint = Callable[[Measurement], None]
 """Progress callback: called with each finished (or failed) window."""
+OnRound = Callable[[list[str]], None]
+"""Called in-process with each racing round's log lines (what it decided, what runs next).
+Lives here, not in pipelines/: a served flow run loads the flow's module keeping only its
+imports, so its parameter annotations must name imported things."""
 
 
 @dataclass
