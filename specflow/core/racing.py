@@ -112,6 +112,14 @@ class Noise:
         windows explain (method of moments, floored at 0)."""
         return max(0.0, self.v_block - self.cv ** 2 / self.m_bar)
 
+    def start_var_upper(self, level: float) -> float:
+        """A `level` upper confidence bound of the start variance (chi-square on the block
+        variance's df): what sizing a measurement should assume when few starts back it."""
+        if not self.replicated or self.df < 1:
+            return self.start_var
+        v_ub = self.v_block * self.df / float(stats.chi2.ppf(1 - level, self.df))
+        return max(0.0, v_ub - self.cv ** 2 / self.m_bar)
+
     def windows_per_start(self, start_s: float, window_s: float) -> float:
         """The windows per start that minimise cost x variance: sqrt(start cost / window cost x
         window variance / start variance) (the classic two-stage sampling optimum)."""
@@ -283,8 +291,14 @@ class Budget:
     """Exploration rounds after which the best contender is selected (or the band unresolved)."""
     confirm_starts: int = 2
     """Fewest fresh engine starts of a selected winner per confirmation look."""
-    max_confirm_starts: int = 24
-    """Most: a look is sized for power from the exploration estimate, up to this."""
+    max_confirm_starts: int | None = None
+    """Most per look (a look is sized for 90% power from the measured noise). None: as many as
+    that needs, shrunk to what the budget affords; 24 when nothing bounds the budget."""
+
+    @property
+    def bounded(self) -> bool:
+        return any(x is not None for x in (self.engine_seconds, self.windows,
+                                           self.engine_starts))
     confirm_looks: int = 2
     """Confirmation looks allowed; the alpha is split evenly over them."""
     max_repeats: int | None = None

@@ -445,7 +445,8 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
 def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict],
                   protected: set[str], promote: PromoteSpec, index: int, max_rounds: int
                   ) -> racing.BandState:
-    """Drop what cannot win; select a winner when one is left or leads clearly."""
+    """Drop what cannot win (on a gate at once; on its speedup after two engine starts); select
+    a winner when one is left, leads clearly or is already above the margin."""
     threshold = 1 + promote.margin
     dropped = list(st.dropped)
     estimates: dict[str, racing.Interval] = {}
@@ -458,7 +459,9 @@ def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict]
         else:
             estimates[h] = iv
     for h, why in racing.cannot_win(estimates, threshold).items():
-        if h not in protected:
+        # a contender gets two engine starts before its speedup can drop it: one start's
+        # effect (shared by every band) must not decide
+        if h not in protected and estimates[h].starts >= 2:
             dropped.append((h, f"round {index}: cannot win ({why})"))
             del estimates[h]
     contenders = tuple(h for h in st.contenders if h in estimates)
@@ -595,9 +598,9 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                   repeats: int) -> int:
     """Engine starts per winner for one confirmation look: enough for 90% power at the
     exploration estimate (halfway to its lower bound, against the winner's curse), at the
-    corrected alpha and the noise measured so far with `repeats` windows per start, within
-    [confirm_starts, max_confirm_starts]. A look of k winner starts has k + 1 baseline starts
-    around them: var ~ v_winner / k + v_baseline / k."""
+    corrected alpha and the noise measured so far with `repeats` windows per start, at least
+    `confirm_starts`, at most `max_confirm_starts` (see `racing.Budget`). A look of k winner
+    starts has k + 1 baseline starts around them: var ~ v_winner / k + v_baseline / k."""
     budget = shape.budget
     alpha = (1 - promote.confidence) / 2 / budget.confirm_looks / max(1, len(confirming))
     z = float(stats.norm.isf(alpha)) + float(stats.norm.isf(0.1))
@@ -613,10 +616,15 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
             continue  # a marginal selection: the smallest look, not the largest
         for point in bands[key]:
             noise = racing.block_noise(blocks.get(point, []), shape.baseline)
-            var = sum(noise.start_var + noise.window_var(e) / repeats
-                      for e in (h, shape.baseline))
+            # sized on the 80% upper bound of the start variance: it rests on few starts, and
+            # an estimate near 0 would size a look with no power against a start effect
+            start_var = noise.start_var_upper(0.8)
+            var = sum(start_var + noise.window_var(e) / repeats for e in (h, shape.baseline))
             need = max(need, math.ceil(var * (z / gap) ** 2))
-    return min(need, budget.max_confirm_starts)
+    cap = budget.max_confirm_starts
+    if cap is None:
+        cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)
+    return min(need, cap)
 
 
 def _blocks(data: Sequence[Measurement]) -> dict[tuple[str, int], list[racing.Block]]:

@@ -410,8 +410,9 @@ class BudgetSpec(_Model):
     """Exploration rounds before the best contender is selected (or the band is unresolved)."""
     confirm_starts: int = Field(default=2, ge=2, le=100)
     """Fewest fresh engine starts of a band's winner per confirmation look."""
-    max_confirm_starts: int = Field(default=24, ge=2, le=1000)
-    """Most per look; a look is sized for power from the exploration estimate."""
+    max_confirm_starts: int | None = Field(default=None, ge=2, le=10_000)
+    """Most per look; a look is sized for 90% power from the measured noise. null: as many as
+    that needs, shrunk to what the budget affords (24 when no budget is set)."""
     max_repeats: int | None = Field(default=None, ge=1, le=1000)
     """Most windows per engine start: after round 0 each round uses the cost-optimal number for
     the noise measured so far (more windows when they are noisier than starts are), at least
