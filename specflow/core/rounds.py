@@ -364,12 +364,19 @@ def _affordable(shape: Shape, stage: racing.Stage, plan: list, total: racing.Spe
     if stage == "confirm":
         base, winners = plan[0], [x for x in plan[1:] if x[0] != shape.baseline]
         per = len({x[0] for x in winners})
-        k = len(winners) // max(1, per) - 1
-        while k >= shape.budget.confirm_starts:
-            smaller = confirm_plan(base, winners[:per], k)
-            if total.plus(cost(smaller)).within(shape.budget):
-                return smaller, None
-            k -= 1
+        first, unit = cost([base]), cost([*winners[:per], base])
+
+        def fits(k: int) -> bool:  # a look's cost is linear in its starts per winner
+            return total.plus(first).plus(racing.Spent(
+                k * unit.engine_seconds, k * unit.windows, k * unit.engine_starts)).within(
+                shape.budget)
+
+        lo, hi = shape.budget.confirm_starts, len(winners) // max(1, per) - 1
+        if hi >= lo and fits(lo):
+            while lo < hi:  # the largest k that fits (binary search: k can be large)
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+            return confirm_plan(base, winners[:per], lo), None
     return plan, cost(plan)
 
 
