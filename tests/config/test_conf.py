@@ -90,7 +90,10 @@ def test_cpu_demo_is_the_small_real_sweep() -> None:
     assert plan.target == "tiny" and plan.hardware == "cpu"
     methods = {e.method for e in plan.engine_configs}
     assert methods == {"none", "ngram", "draft_model"}
-    assert len(plan.workloads) == 2 and len(plan.concurrency) == 2 and plan.repeats >= 3
+    assert len(plan.workloads) == 2 and len(plan.concurrency) == 2 and plan.repeats == 2
+    # raced within a budget sized for 15 minutes on 2 cores (README "Two commands")
+    assert loaded.spec.sweep.design == "race" and loaded.spec.sweep.budget.engine_starts == 14
+    assert loaded.spec.promote.min_repeats <= plan.repeats
     classes = {loaded.spec.workload[w].traffic_class for w in plan.workloads}
     assert len(classes) == 2
     assert all("--enforce-eager" in e.serve_argv for e in plan.engine_configs)
