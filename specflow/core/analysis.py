@@ -460,6 +460,15 @@ def _exclusion(m: Measurement) -> str | None:
     return None
 
 
+def usable_blocks(measurements: Iterable[Measurement]
+                  ) -> dict[tuple[str, int], list[racing.Block]]:
+    """The usable windows (see `_exclusion`) as engine-start blocks per (workload, concurrency):
+    what every speedup, noise estimate and drift check reads."""
+    return racing.blocks_by_point(
+        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
+         m.stage, m.output_throughput) for m in measurements if _exclusion(m) is None)
+
+
 def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: str = "open"
               ) -> list[PointStats]:
     """Group windows by engine x workload x concurrency; summarise usable ones, count the rest."""
@@ -1063,9 +1072,7 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
     opening, closing_ms = _placed(list(measurements), list(closing_baseline))
     points = aggregate(opening, promote, "open")
     closing = aggregate(closing_ms, promote, "close")
-    blocks = racing.blocks_by_point(
-        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
-         m.stage, m.output_throughput) for m in (*opening, *closing_ms) if _exclusion(m) is None)
+    blocks = usable_blocks((*opening, *closing_ms))
     refused = frozenset(refused_by_headroom)
     problems = [f"closing_baseline holds {p.label}, which is not the baseline"
                 for p in closing if not p.is_baseline]

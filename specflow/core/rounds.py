@@ -312,10 +312,7 @@ def _check_schedules(shape: Shape, promote: PromoteSpec,
     """A schedule fails where it falls short beyond noise: its upper bound below 1 + margin at
     a level where it speculates (what its bands were promoted on), below 1 - margin where its N
     is 0 (the drafter is loaded but idle there)."""
-    rows = [(m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat,
-             m.seq, m.stage, m.output_throughput) for m in data
-            if m.stage == "schedule" and m.ok and not m.failed and m.output_throughput > 0]
-    blocks = racing.blocks_by_point(rows)
+    blocks = analysis.usable_blocks(m for m in data if m.stage == "schedule")
     out = {}
     for cls, (check, _) in pending.items():
         pts, losses = [], []
@@ -590,7 +587,7 @@ def _windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
     """Windows per engine start for the next round: the cost-optimal number for the noise
     measured so far (median over points), between `repeats` and `budget.max_repeats`."""
     cap = shape.budget.max_repeats or 4 * shape.repeats
-    blocks = _blocks(data)
+    blocks = analysis.usable_blocks(data)
     start_s, window_s = _costs(data, shape)
     best = [racing.block_noise(bs, shape.baseline).windows_per_start(start_s, window_s)
             for bs in blocks.values()]
@@ -611,7 +608,7 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     budget = shape.budget
     alpha = (1 - promote.confidence) / 2 / budget.confirm_looks / max(1, len(confirming))
     z = float(stats.norm.isf(alpha)) + float(stats.norm.isf(0.1))
-    blocks = _blocks(data)
+    blocks = analysis.usable_blocks(data)
     need = budget.confirm_starts
     for key, st in confirming.items():
         h = st.contenders[0]
@@ -632,14 +629,6 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     if cap is None:
         cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)
     return min(need, cap)
-
-
-def _blocks(data: Sequence[Measurement]) -> dict[tuple[str, int], list[racing.Block]]:
-    """The usable windows of the records as engine-start blocks per point."""
-    return racing.blocks_by_point(
-        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
-         m.stage, m.output_throughput) for m in data
-        if m.ok and not m.failed and m.output_throughput > 0)
 
 
 def _out_of_budget(states: Mapping[BandKey, racing.BandState], total: racing.Spent,
