@@ -22,6 +22,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
+import contextlib  # noqa: E402
 import gc  # noqa: E402
 import importlib.metadata  # noqa: E402
 import json  # noqa: E402
@@ -56,8 +57,9 @@ def _run(job: dict[str, Any], parse: Callable[[list[str]], Any],
          bench_main: Callable[[Any], Any]) -> tuple[bool, str]:
     """Run one `bench serve` job with fds 1 and 2 sent to the job's log."""
     saved = os.dup(1), os.dup(2)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a full disk under the driver's own log
+            stream.flush()
     with open(job["log"], "ab", buffering=0) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -67,12 +69,14 @@ def _run(job: dict[str, Any], parse: Callable[[list[str]], Any],
         except SystemExit as exc:  # argparse errors
             return False, f"bench serve exited with {exc.code!r} (bad arguments?)"
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, never swallowed
-            traceback.print_exc()
+            with contextlib.suppress(OSError):  # the log's disk may be the reason (full)
+                traceback.print_exc()
             lines = traceback.format_exception_only(type(exc), exc)
             return False, "".join(lines).strip()[-2000:]
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError):
+                    stream.flush()
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
             os.close(saved[0])

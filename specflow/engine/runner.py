@@ -15,8 +15,10 @@ counters.json).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -185,12 +187,26 @@ def _failed(ec: EngineConfig, w: Window, kind: str, detail: str,
                        artifacts={k: str(v) for k, v in (artifacts or {}).items()}, **numbers)
 
 
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO})
+"""A write that fails with one of these is the disk's fault (full, over a size limit or a quota,
+read-only, failing), not the engine's: the window is `write_failed`."""
+_WRITE_ERROR_TEXT = tuple(f"[Errno {e}]" for e in sorted(WRITE_ERRNOS))
+
+
+def _write_failed(exc: OSError) -> Failure:
+    where = f" {exc.filename}" if exc.filename else ""
+    return "write_failed", f"could not write{where}: {exc.strerror or exc}"
+
+
 def _job_failure(server: Server, job: JobResult, log: Path) -> tuple[str, str]:
-    """(kind, detail) for a bench job that did not finish: engine down, timeout or bench error."""
+    """(kind, detail) for a bench job that did not finish: engine down, timeout, a result file
+    the disk refused (`write_failed`) or another bench error."""
     down = server.failure()
     if down is not None:
         return down.kind, down.detail
     kind = "timeout" if job.timed_out else "bench_failed"
+    if not job.timed_out and any(t in job.error for t in _WRITE_ERROR_TEXT):
+        kind = "write_failed"
     return kind, f"{job.error}\n--- bench log tail ---\n{tail(log)}"
 
 
@@ -289,13 +305,24 @@ def _status(w: Window, result: Mapping[str, Any], mismatches: Sequence[str]
 
 def measure_window(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window,
                    point_dir: Path, timeout_s: float) -> Measurement:
-    """Run one window against a running server and turn it into a Measurement."""
+    """Run one window against a running server and turn it into a Measurement; a disk that
+    refuses the window's files (full, over a size limit) fails it as `write_failed`."""
     files = _Files(point_dir)
-    point_dir.mkdir(parents=True, exist_ok=True)
-    files.result.unlink(missing_ok=True)
     artifacts: dict[str, Path] = {"bench_log": files.bench_log}
     if server.log_path is not None:
         artifacts["engine_log"] = server.log_path
+    try:
+        return _measure(server, gen, ec, w, files, timeout_s, artifacts)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        return _failed(ec, w, *_write_failed(exc), artifacts)
+
+
+def _measure(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window, files: _Files,
+             timeout_s: float, artifacts: dict[str, Path]) -> Measurement:
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.result.unlink(missing_ok=True)
     try:
         phash = prompt_hash(read_prompts(w))
     except (OSError, ValueError) as exc:
@@ -369,6 +396,25 @@ def _not_run(ec: EngineConfig, rest: Sequence[Window], why: str) -> Iterator[Mea
         yield _failed(ec, w, "engine_down", why)
 
 
+def _full_disk(directory: Path, failure: Failure) -> Failure:
+    """An engine that exits during its start on a disk that refuses its log (full, over a size
+    limit) failed for the disk, not for its config: `write_failed` (never retried)."""
+    probe = directory / ".specflow-write-probe"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        return "write_failed", (f"{failure[1]}; its log directory {directory} refuses writes: "
+                                f"{exc.strerror}")
+    finally:
+        probe.unlink(missing_ok=True)
+    return failure
+
+
 def _start(engine: LocalEngine, gen: LoadGenerator) -> Failure | None:
     """Start the engine, then the load generator; the failure every window gets, or None."""
     try:
@@ -392,7 +438,16 @@ class _EngineRecord:
     gen: LoadGenerator
 
     def write(self, **extra: Any) -> None:
+        """Write the record; a disk that refuses it loses only this artifact (the windows'
+        own records say why they failed)."""
         e = self.engine
+        try:
+            self._write(e, extra)
+        except OSError as exc:
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+
+    def _write(self, e: LocalEngine, extra: Mapping[str, Any]) -> None:
         atomic_write_json(self.path, {
             "engine": self.ec.name, "hash": self.ec.hash, "argv": redact_argv(e.argv(e.port or 0)),
             "base_url": e.base_url if e.port else None, "log": str(e.log_path),
@@ -433,6 +488,8 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
     record = _EngineRecord(engine_dir / f"{ec.name}-{ec.hash}{start}.json", ec, engine, gen)
     try:
         failure = _start(engine, gen)
+        if failure is not None and failure[0] == "start_failed":
+            failure = _full_disk(engine_dir, failure)
         if failure is not None:
             record.stopped(failure[0])
             artifacts = {"engine_log": engine.log_path, "engine_record": record.path}

@@ -431,7 +431,9 @@ class LocalEngine(Server):
     # -- internals
 
     def _mark(self, text: str) -> None:
-        with open(self.log_path, "a", encoding="utf-8") as f:
+        """A line of specflow's own in the engine log; a disk that refuses it (full) loses the
+        line, never the engine's start or stop."""
+        with contextlib.suppress(OSError), open(self.log_path, "a", encoding="utf-8") as f:
             f.write(f"=== specflow {time.strftime('%H:%M:%S')}: {text}\n")
 
     def _launch(self, port: int) -> None:

@@ -88,15 +88,17 @@ def run_closing_baseline(ctx: Context, on_point: OnPoint | None = None) -> dict[
 
 
 def missing(ctx: Context) -> list[PointKey]:
-    """Windows the sweep still has to measure: a grid's opening windows without a successful
-    measurement; a race's windows of the round still running."""
+    """Windows the sweep still has to measure: a grid's opening and closing windows without a
+    successful measurement; a race's windows of the round still running."""
     finished = ctx.ledger.finished()
     if ctx.spec.sweep.design == "race":
         current = progress(ctx).current
         return [k for s in current.starts for k in s.window_keys()
                 if k.id not in finished] if current is not None else []
-    return [w.key(ec) for ec in ctx.plan.engine_configs for w in ctx.windows
-            if w.key(ec).id not in finished]
+    base = ctx.baseline()
+    closing = [w.key(base) for w in ctx.closing_windows()] if base is not None else []
+    return [k for k in [w.key(ec) for ec in ctx.plan.engine_configs for w in ctx.windows]
+            + closing if k.id not in finished]
 
 
 def measurements(ctx: Context) -> list[Measurement]:

@@ -132,6 +132,91 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
     assert pins["vllm"] and pins["torch"] and pins["specflow"]
     assert "results: mlflow ui --backend-store-uri" in proc.stdout
     assert (tmp_path / "work").is_dir()
+    _full_artifact_disk_fails_the_window_only(tmp_path, args, models)
+
+
+def _full_artifact_disk_fails_the_window_only(tmp: Path, args: list[str], models: Path) -> None:
+    """The closing window is measured again with the artifact directory (`runs/`: engine logs,
+    bench results, counters) on a full filesystem: the window is recorded as `write_failed` with
+    the reason, the sweep ends with its usual problem list (no traceback), the other windows'
+    records and the champion are byte-identical, and no engine outlives the run."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False).returncode:
+        pytest.skip("no unprivileged mount namespaces (unshare -rm) on this machine")
+    ledger = _ledger(tmp)
+    (closing,) = [e.measurement.key.id for e in ledger.entries() if e.measurement.key.repeat == 2]
+    points = {p.name: p.read_bytes() for p in (ledger.dir / "points").iterdir()}
+    (ledger.dir / "points" / (closing.replace("/", "__") + ".json")).unlink()  # still to measure
+    (champion,) = (tmp / "promoted").glob("*/champion.json")
+    before = json.loads(champion.read_bytes())
+
+    proc = subprocess.run(["unshare", "-rm", "--", sys.executable, "-m", "tests.full_disk",
+                           str(ledger.dir / "runs"), "--", sys.executable, "-m", "specflow",
+                           *args], cwd=tmp, env=dict(_env(tmp), PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    failed = _ledger(tmp).get(closing).measurement
+    assert (failed.status, failed.failure) == ("failed", "write_failed"), failed.failure_detail
+    assert "No space left on device" in failed.failure_detail
+    assert "1 missing" in proc.stdout or "missing 1" in proc.stdout, proc.stdout[-2000:]
+    after = {p.name: p.read_bytes() for p in (ledger.dir / "points").iterdir()}
+    assert {k: v for k, v in after.items() if k in points and not k.startswith(
+        closing.replace("/", "__"))} == {k: v for k, v in points.items()
+                                         if not k.startswith(closing.replace("/", "__"))}
+    # the champion is whole: unchanged, or a new version decided on the four windows that
+    # are ok, with the earlier one as its `previous` (the failed window is excluded)
+    after_champion = json.loads(champion.read_bytes())
+    assert after_champion == before or after_champion["previous"] == before["version"]
+    deadline = time.monotonic() + 60
+    while _processes_using(models) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _processes_using(models), _processes_using(models)
+
+
+def _processes_of(tmp: Path) -> list[str]:
+    """Live processes started for the test in `tmp` (they inherit its PREFECT_HOME)."""
+    marker = f"PREFECT_HOME={tmp / 'prefect'}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                        errors="replace")[:200])
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.engine
+def test_sigterm_ends_the_main_job_like_ctrl_c(tmp_path: Path, models: Path) -> None:
+    """SIGTERM while the engine is starting: exit 130 with one line and no traceback, and
+    nothing the job started survives it (the engine, the load generator, Prefect's temporary
+    API server)."""
+    proc = subprocess.Popen([sys.executable, "-m", "specflow",
+                             *_args(tmp_path, models, "drafter=[none]")],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(" serve " in c for c in _processes_of(tmp_path)):  # an engine starts
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no engine start within 300 s"
+            time.sleep(0.5)
+        assert len(_processes_of(tmp_path)) >= 3  # the job, Prefect's server, the engine
+        proc.terminate()
+        out, errs = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, errs[-3000:]
+    assert "interrupted: the finished windows are kept in the ledger" in errs
+    assert "Traceback" not in out + errs, errs[-3000:]
+    deadline = time.monotonic() + 60
+    while _processes_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _processes_of(tmp_path), _processes_of(tmp_path)
 
 
 def _count_starts(tmp: Path) -> int:
