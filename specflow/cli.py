@@ -150,6 +150,18 @@ def _orchestration_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def _sigterm_interrupts() -> None:
+    """SIGTERM (a scheduler, `kill`, systemd) ends the main job as Ctrl-C does: the running
+    engine is stopped, Prefect's temporary API server exits with this process instead of being
+    orphaned, and the finished windows stay in the ledger for the next run."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def cmd_run(overrides: list[str], flags: Flags) -> int:
     """The main job: the whole sweep as a Prefect flow, with a live progress display."""
     import time
@@ -163,6 +175,7 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     _orchestration_env()
+    _sigterm_interrupts()
     from pipelines.sweep import run
 
     total = plan.num_points + (len(plan.workloads) * len(plan.concurrency)
@@ -170,9 +183,14 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     race = loaded.spec.sweep.design == "race"
     start = time.monotonic()
     title = f"sweep {plan.target} on {plan.hardware}" + (" (racing: rounds)" if race else "")
-    with sweep_progress(err, title, None if race else total) as on_point:
-        result = run(overrides, on_point, on_round=lambda lines: [
-            err.print(escape(line), highlight=False) for line in lines])
+    try:
+        with sweep_progress(err, title, None if race else total) as on_point:
+            result = run(overrides, on_point, on_round=lambda lines: [
+                err.print(escape(line), highlight=False) for line in lines])
+    except KeyboardInterrupt:
+        err.print("interrupted: the finished windows are kept in the ledger; the same command "
+                  "measures only what is missing")
+        return 130
     summary = result["outcome"]
     for note in result["plan"]["notes"]:
         err.print(f"[yellow]workload warning:[/] {escape(note)}")
@@ -282,3 +300,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[command](overrides, flags)
     except SpecError as exc:
         return report(exc, sys.stderr)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
