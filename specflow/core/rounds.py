@@ -483,7 +483,8 @@ def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict]
     if leader is None and index + 1 >= max_rounds:
         leader = best
     if leader is not None and estimates[leader].value >= threshold:
-        others = tuple((h, f"round {index}: {_name_short(leader)} selected instead")
+        name = verdicts[leader].engine if leader in verdicts else leader[:8]
+        others = tuple((h, f"round {index}: {name} selected instead")
                        for h in contenders if h != leader)
         return replace(st, status="confirming", contenders=(leader,),
                        dropped=(*dropped, *others), estimates=estimates,
@@ -491,13 +492,10 @@ def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict]
                            f"[{estimates[leader].lo:.3f}, {estimates[leader].hi:.3f}] on "
                            "exploration data")
     if index + 1 >= max_rounds:
-        return replace(now, status="unresolved", why=f"after {max_rounds} exploration rounds "
-                       f"no contender's estimate clears {threshold:.3f}")
+        rounds_run = f"{max_rounds} exploration round{'s' * (max_rounds != 1)}"
+        return replace(now, status="unresolved", why=f"after {rounds_run} no contender's "
+                       f"estimate clears {threshold:.3f}")
     return now
-
-
-def _name_short(h: str) -> str:
-    return h[:8]
 
 
 def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, racing.BandState],

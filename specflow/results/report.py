@@ -271,19 +271,24 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
     return lines + [""]
 
 
-def rounds_table(rounds: Sequence[Round]) -> list[str]:
-    """The race, round by round: what each round ran, dropped and selected, and the spend."""
+def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None) -> list[str]:
+    """The race, round by round: what each round ran, dropped and selected, and the spend
+    (engines by name where `names` maps their hashes)."""
     if not rounds:
         return []
+
+    def name(h: str) -> str:
+        return (names or {}).get(h, h[:8])
+
     lines = ["## Rounds", "", "| round | stage | engine starts | band states after | dropped "
              "this round | spent (starts / windows / engine-s) |", "|---|---|---|---|---|---|"]
     seen: set[tuple[str, str, str]] = set()
     for r in rounds:
         states = "; ".join(f"{b.traffic_class} {b.band}: {b.status}"
-                           + (f" ({', '.join(h[:8] for h in b.contenders)})"
+                           + (f" ({', '.join(name(h) for h in b.contenders)})"
                               if b.status in ("exploring", "confirming", "confirmed") else "")
                            for b in r.states)
-        dropped = [f"{b.traffic_class} {b.band}: {h[:8]} ({why})" for b in r.states
+        dropped = [f"{b.traffic_class} {b.band}: {name(h)} ({why})" for b in r.states
                    for h, why in b.dropped if (b.traffic_class, b.band, h) not in seen]
         seen |= {(b.traffic_class, b.band, h) for b in r.states for h, _ in b.dropped}
         lines.append(f"| {r.index} | {r.stage} | {len(r.starts)} | {_cell(states)} | "
@@ -297,7 +302,8 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
              schedules: Mapping[str, ScheduleCheck] | None = None) -> str:
     """The Markdown report (plot links relative to `base`)."""
     lines = ["# specflow decision report", "", _settings_line(analysis), ""]
-    lines += rounds_table(rounds)
+    lines += rounds_table(rounds, {v.engine_hash: v.engine for r in analysis.classes
+                                   for d in r.decisions for v in d.candidates})
     for cls, check in sorted((schedules or {}).items()):
         lines += [f"Schedule of `{cls}` `{[list(x) for x in check.schedule]}` measured as one "
                   f"engine (`{check.engine_hash}`) at c={list(check.levels)}: "
