@@ -15,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from specflow import steps
+from specflow.core.records import Measurement
 from specflow.results import console
 
 
@@ -43,13 +44,24 @@ def _retry_start(task: Any, task_run: Any, state: Any) -> bool:
       retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
 def measure_engine(overrides: list[str], engine_hash: str, engine_name: str,
                    on_point: steps.OnPoint | None = None) -> dict[str, Any]:
-    return steps.measure(steps.open_sweep(overrides), engine_hash, on_point)
+    print(f"engine start: {engine_name}")  # the flow run's log (log_prints)
+    return steps.measure(steps.open_sweep(overrides), engine_hash, _logged(on_point))
+
+
+def _logged(on_point: steps.OnPoint | None) -> steps.OnPoint:
+    """Each window as a line in the flow run's log (log_prints), then `on_point`."""
+    def point(m: Measurement) -> None:
+        print(console.window_line(m))
+        if on_point is not None:
+            on_point(m)
+    return point
 
 
 @task(name="closing-baseline", task_run_name="closing baseline", cache_policy=NO_CACHE)
 def closing_baseline(overrides: list[str], on_point: steps.OnPoint | None = None
                      ) -> dict[str, Any]:
-    return steps.run_closing_baseline(steps.open_sweep(overrides), on_point)
+    print("engine start: baseline (closing)")
+    return steps.run_closing_baseline(steps.open_sweep(overrides), _logged(on_point))
 
 
 @task(name="next-round", task_run_name="next round", cache_policy=NO_CACHE)
@@ -65,14 +77,16 @@ def next_round(overrides: list[str]) -> dict[str, Any] | None:
     if progress.current is None:
         return {"round": None, "lines": lines}
     return {"round": progress.current.index, "stage": progress.current.stage, "lines": lines,
-            "starts": [(s.seq, names[s.engine_hash]) for s in progress.current.starts]}
+            "starts": [(s.seq, names[s.engine_hash]) for s in progress.current.starts],
+            "windows": sum(len(s.window_keys()) for s in progress.current.starts)}
 
 
 @task(name="engine-start", task_run_name="engine start #{seq} {engine_name}",
       cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
 def measure_start(overrides: list[str], seq: int, engine_name: str,
                   on_point: steps.OnPoint | None = None) -> dict[str, Any]:
-    return steps.run_start(steps.open_sweep(overrides), seq, on_point)
+    print(f"engine start #{seq}: {engine_name}")
+    return steps.run_start(steps.open_sweep(overrides), seq, _logged(on_point))
 
 
 @task(name="decide-and-promote", cache_policy=NO_CACHE)
@@ -115,7 +129,7 @@ def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | 
     for _ in range(MAX_ROUNDS):
         current = next_round(overrides)
         if on_round is not None:
-            on_round(current["lines"])
+            on_round(current["lines"], current.get("windows", 0))
         if current["round"] is None or current["round"] == last:
             break  # done, or a round whose windows could not all be recorded: decide says so
         last = current["round"]

@@ -167,7 +167,7 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     import time
 
     from specflow.config.compose import load_plan
-    from specflow.results.console import print_outcome, sweep_progress
+    from specflow.results.console import SweepProgress, print_outcome
 
     overrides = default_overrides(overrides)
     loaded, plan = load_plan(overrides)  # invalid input: exit 2 before Prefect starts
@@ -184,9 +184,8 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     start = time.monotonic()
     title = f"sweep {plan.target} on {plan.hardware}" + (" (racing: rounds)" if race else "")
     try:
-        with sweep_progress(err, title, None if race else total) as on_point:
-            result = run(overrides, on_point, on_round=lambda lines: [
-                err.print(escape(line), highlight=False) for line in lines])
+        with SweepProgress(err, title, None if race else total) as progress:
+            result = run(overrides, progress.point, on_round=progress.round)
     except KeyboardInterrupt:
         err.print("interrupted: the finished windows are kept in the ledger; the same command "
                   "measures only what is missing")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -16,24 +16,83 @@ from specflow.core.records import Measurement
 from specflow.core.rounds import Progress as RaceProgress
 
 
-@contextlib.contextmanager
-def sweep_progress(console: Console, title: str, total: int | None
-                   ) -> Iterator[Callable[[Measurement], None]]:
-    """A progress bar over the sweep's windows; yields the `on_point` callback that advances it."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console,
-                  transient=False) as progress:
-        bar = progress.add_task(title, total=total, last="")
+def window_line(m: Measurement) -> str:
+    """One measured window as a plain line (the flow-run log, a console without a terminal)."""
+    state = "ok" if m.ok else f"FAILED {m.failure or 'unknown'}"
+    acc = f", acceptance {m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
+    block = f" b{m.key.block}" if m.key.block else ""
+    return (f"{m.engine} {m.key.workload} c{m.key.concurrency}{block} r{m.key.repeat}: {state}, "
+            f"{m.output_throughput:.1f} tok/s{acc}")
 
-        def on_point(m: Measurement) -> None:
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
+
+
+class SweepProgress:
+    """The sweep as it runs: a live bar on a terminal; otherwise (a log file, CI, a pipe) one
+    plain line per engine start and per window, with windows done/left and an ETA. A race's
+    total grows round by round (`round`); a grid's is known up front."""
+
+    def __init__(self, console: Console, title: str, total: int | None) -> None:
+        self.console, self.title, self.total = console, title, total
+        self.done, self.t0 = 0, time.monotonic()
+        self._start: tuple[int, str] | None = None
+        self._bar: Progress | None = None
+        self._task: Any = None
+
+    def __enter__(self) -> SweepProgress:
+        if self.console.is_terminal:
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
+                                 TimeElapsedColumn(), console=self.console, transient=False)
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.title, total=self.total, last="")
+        else:
+            self.console.print(escape(self.title) + (f": {self.total} windows"
+                                                     if self.total else ""))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+    def round(self, lines: Sequence[str], windows: int) -> None:
+        """A racing round ended (its lines) and the next one plans `windows` windows."""
+        for line in lines:
+            self.console.print(escape(line), highlight=False)
+        self.total = self.done + windows if windows else self.done
+        if self._bar is not None:
+            self._bar.update(self._task, total=self.total)
+
+    def point(self, m: Measurement) -> None:
+        """A window finished (or failed)."""
+        self.done += 1
+        if self._bar is not None:
             state = "ok" if m.ok else f"[red]{escape(m.failure or 'failed')}[/]"
             extra = f" acc={m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
-            progress.update(bar, advance=1, last=f"{escape(m.engine)} {escape(m.key.workload)} "
-                            f"c{m.key.concurrency} "
-                            f"{f'b{m.key.block} ' if m.key.block else ''}r{m.key.repeat}: {state} "
-                            f"{m.output_throughput:.1f} tok/s{extra}")
-
-        yield on_point
+            block = f"b{m.key.block} " if m.key.block else ""
+            self._bar.update(self._task, advance=1, last=(
+                f"{escape(m.engine)} {escape(m.key.workload)} c{m.key.concurrency} {block}"
+                f"r{m.key.repeat}: {state} {m.output_throughput:.1f} tok/s{extra}"))
+            return
+        start = (m.seq, m.key.engine_hash)
+        if start != self._start:
+            self._start = start
+            where = f" #{m.seq} (round {m.round}, {m.stage})" if m.seq >= 0 else ""
+            self.console.print(escape(f"engine start{where}: {m.engine}; first window done "
+                                      f"{m.engine_s:.0f} s after the start began"),
+                               highlight=False)
+        elapsed = time.monotonic() - self.t0
+        if self.total:
+            left = max(self.total - self.done, 0)
+            eta = f", ETA {_clock(elapsed / self.done * left)}" if left else ""
+            count = f"[{self.done}/{self.total}] "
+            tail = f" ({left} left{eta}; {_clock(elapsed)} so far)"
+        else:
+            count, tail = f"[{self.done}] ", f" ({_clock(elapsed)} so far)"
+        self.console.print(escape(count + window_line(m) + tail), highlight=False)
 
 
 def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None:

@@ -35,8 +35,9 @@ log = logging.getLogger("specflow.steps")
 
 OnPoint = Callable[[Measurement], None]
 """Progress callback: called with each finished (or failed) window."""
-OnRound = Callable[[list[str]], None]
-"""Called in-process with each racing round's log lines (what it decided, what runs next).
+OnRound = Callable[[list[str], int], None]
+"""Called in-process with each racing round's log lines (what it decided, what runs next) and
+the number of windows the next round plans (0: the race is over).
 Lives here, not in pipelines/: a served flow run loads the flow's module keeping only its
 imports, so its parameter annotations must name imported things."""
 

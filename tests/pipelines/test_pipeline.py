@@ -369,6 +369,12 @@ def test_a_racing_sweep_runs_in_rounds_and_leaves_its_trail(tmp_path: Path, mode
         assert {m.round for m in confirm} == {1}
         assert len({(m.key.engine_hash, m.key.block) for m in confirm}) == 5
     assert "round 0 (explore) done: 3 engine starts" in proc.stderr
+    # no terminal: one plain line per engine start and per window, with done/left and an ETA
+    assert "engine start #0 (round 0, explore): baseline; first window done" in proc.stderr
+    r0 = sum(1 for m in ms if m.round == 0)
+    assert f"[1/{r0}] baseline chat c1 r0: ok, " in proc.stderr
+    assert "left, ETA " in proc.stderr
+    assert f"[{r0}/{r0}] " in proc.stderr
     report = next((tmp_path / "work" / "sweeps").iterdir()) / "report" / "report.md"
     text = report.read_text()
     assert "## Rounds" in text and "| 0 | explore | 3 |" in text
