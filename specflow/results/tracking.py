@@ -65,6 +65,12 @@ def point_params(m: Measurement, ec: EngineConfig | None) -> dict[str, str]:
     }
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""MLflow 3's UI opens an experiment without this tag on the GenAI traces overview (empty for a
+sweep); with it, on the runs table, where the sweep's parent and window runs are."""
+
+
 class Tracker:
     """A thin MLflow client for specflow's runs."""
 
@@ -85,9 +91,13 @@ class Tracker:
             if exp is None:
                 location = self.artifact_root.resolve().as_uri() if self.artifact_root else None
                 self._experiment_id = self.client.create_experiment(
-                    self.experiment, artifact_location=location)
+                    self.experiment, artifact_location=location,
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
             else:
                 self._experiment_id = exp.experiment_id
+                if exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # made by an older specflow
+                    self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG,
+                                                   EXPERIMENT_KIND)
         return self._experiment_id
 
     def _find(self, tags: dict[str, str]) -> list[Any]:

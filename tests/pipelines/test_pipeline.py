@@ -118,6 +118,8 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     assert all(c.info.status == "FINISHED" for c in children), [c.data.tags for c in children]
     client = _client(tmp_path)
+    experiment = client.get_experiment_by_name("specflow/tiny/cpu")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # runs table
     spec_child = next(c for c in children if c.data.params["method"] == "draft_model")
     assert spec_child.data.params["num_speculative_tokens"] == "2"
     assert spec_child.data.metrics["acceptance_rate"] == 1.0  # the draft is the target's copy
