@@ -156,7 +156,7 @@ def _sigterm_interrupts() -> None:
     orphaned, and the finished windows stay in the ledger for the next run."""
     import signal
 
-    def interrupt(signum: int, frame: object) -> None:
+    def interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)

@@ -1,7 +1,10 @@
-"""A real local Prefect server, the scheduled re-validation deployment served, a run triggered."""
+"""A real local Prefect server, the scheduled re-validation deployment served, a run triggered;
+then the server is killed during a served run and started again."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -13,8 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from specflow.results.ledger import Ledger
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = "specflow-sweep/specflow-revalidate"
+UNREACHABLE = "unreachable ("  # pipelines.deploy on stderr: the runner stopped for an outage
+AGAIN = "serving again in"  # ... and no flow run is in flight any more: it checks the API
 
 
 def _port() -> int:
@@ -41,14 +48,70 @@ def _stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def _start_server(tmp: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
+    """`prefect server start` on loopback, its own process group (killed as a whole)."""
+    with open(tmp / "server.log", "ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "prefect", "server", "start",
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _points(work: Path) -> dict[str, dict]:
+    """Each window's measurement as its ledger file holds it (by file name)."""
+    dirs = list((work / "sweeps").glob("*/points")) if (work / "sweeps").is_dir() else []
+    out = {}
+    for points in dirs:
+        for path in points.glob("*.json"):
+            try:
+                out[path.name] = json.loads(path.read_text())["measurement"]
+            except (OSError, ValueError, KeyError):
+                continue  # being replaced (atomic rename): read it next time
+    return out
+
+
+def _processes_using(path: Path, but: int) -> list[str]:
+    """Command lines of live processes that mention `path` (engines, load generators), except
+    the process `but` (the serve process: its overrides name the models too)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or proc.name == str(but):
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(path) in cmd and state != "Z":
+            found.append(f"{proc.name}: {cmd[:200]}")
+    return found
+
+
+def _wait_for(what: str, check, timeout: float, *logs: Path) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                              for p in logs if p.is_file())
+            pytest.fail(f"{what}: not within {timeout:.0f} s\n{tails}")
+        time.sleep(0.5)
 
 
 @pytest.mark.engine
 def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_models: Path
                                                           ) -> None:
-    models = tiny_models
+    """The deployment served by `python -m pipelines.deploy` against a real `prefect server`;
+    the server is SIGKILLed during a served run (after its first window). The run goes on
+    without the API (task states are events; the windows go to the ledger) and cannot report
+    its end; no engine outlives it; the serve process outlives the outage. With the server back
+    on the same port and database, the deployment is served again and the next run completes
+    the sweep without measuring again what the killed run had measured."""
+    models, work = tiny_models, tmp_path / "work"
     port = _port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
@@ -56,29 +119,35 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
                MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
     env.pop("PREFECT_API_URL", None)
-    server_log = tmp_path / "server.log"
-    with open(server_log, "wb") as fh:
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start",
-                                   "--host", "127.0.0.1", "--port", str(port)],
-                                  cwd=tmp_path, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+    client_env = dict(
+        env, PREFECT_API_URL=api,
+        # The runner asks for runs to start every 10 s by default: 2 s starts a triggered run
+        # sooner, and the runner gives up on the dead API after 3 failed polls in a row.
+        PREFECT_RUNNER_POLL_FREQUENCY="2",
+        # A failed API request is retried 5 times, 2+4+8+16+32 s (about a minute) by default:
+        # with 2 retries (about 6 s) each poll, the killed run's state reports and the serve
+        # process's pause of the schedule give up within seconds of the outage.
+        PREFECT_CLIENT_MAX_RETRIES="2")
+    server_log, serve_log = tmp_path / "server.log", tmp_path / "serve.log"
+    server = _start_server(tmp_path, port, env)
     procs = [server]
     try:
         _wait_http(f"{api}/health", server, server_log, 180)
-        client_env = dict(env, PREFECT_API_URL=api)
-        overrides = ["experiment=cpu_demo", "drafter=[none]", "workload=[chat]",
+        overrides = ["experiment=cpu_demo", "drafter=[none,ngram]",
+                     "+sweep.num_speculative_tokens.ngram=[2]", "workload=[chat]",
                      "workload.chat.num_prompts=4", "workload.chat.max_tokens=8",
                      "sweep.concurrency=[1]", "sweep.repeats=2", "promote.min_repeats=2",
                      "sweep.closing_baseline_repeats=0", "sweep.design=grid",
                      f"paths.models={models}",
-                     f"tracking.workdir={tmp_path / 'work'}",
+                     f"tracking.workdir={work}",
                      f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
                      f"promote.output_dir={tmp_path / 'promoted'}"]
-        serve_log = tmp_path / "serve.log"
         with open(serve_log, "wb") as fh:
+            # --reconnect-max 4: the API is checked again at most 4 s apart after the outage
             serve = subprocess.Popen([sys.executable, "-m", "pipelines.deploy", "--cron",
-                                      "0 3 * * *", *overrides], cwd=ROOT, env=client_env,
-                                     stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+                                      "0 3 * * *", "--reconnect-max", "4", *overrides],
+                                     cwd=ROOT, env=client_env, stdout=fh,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(serve)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -92,6 +161,43 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         else:
             pytest.fail(f"deployment never registered:\n{serve_log.read_text()[-3000:]}")
         assert "0 3 * * *" in info.stdout  # the cron schedule is on the deployment
+
+        # run 1, killed: the Prefect server dies once the run's first window is in the ledger
+        first = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run",
+                                DEPLOYMENT], env=client_env, capture_output=True, text=True,
+                               timeout=120, check=False)
+        assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+
+        def serving() -> bool:
+            assert serve.poll() is None, serve_log.read_text(errors="replace")[-3000:]
+            return True
+
+        _wait_for("a window of run 1 in the ledger", lambda: serving() and any(
+            m["status"] == "ok" for m in _points(work).values()), 600, serve_log)
+        before = {k: m for k, m in _points(work).items() if m["status"] == "ok"}
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=60)
+        _wait_for("the serve process says the runner stopped on the outage",
+                  lambda: serving() and UNREACHABLE in serve_log.read_text(errors="replace"),
+                  180, serve_log)
+        # the run goes on without the API (every window, the decision) and then fails to report
+        # its end; the serve process waits for it before it checks the API again
+        _wait_for("the killed run ending", lambda: serving() and AGAIN in serve_log.read_text(
+            errors="replace"), 600, serve_log)
+        _wait_for("no engine outliving the killed run",
+                  lambda: not _processes_using(models, but=serve.pid), 60, serve_log)
+        (sweep_dir,) = (work / "sweeps").iterdir()
+        ledger = Ledger(work, sweep_dir.name)
+        points = _points(work)
+        assert {k: points.get(k) for k in before} == before  # kept, as they were
+        assert len(points) == 4 and len(points) > len(before)  # measured during the outage
+        missing = {e.measurement.key.engine_hash for e in ledger.entries()
+                   if not e.measurement.ok}  # what run 1 left to measure
+        starts = len(ledger.events("engine_start"))
+
+        # the server back on the same port and database; the deployment served again
+        server = procs[0] = _start_server(tmp_path, port, env)
+        _wait_http(f"{api}/health", server, server_log, 180)
         run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", DEPLOYMENT,
                               "--watch", "--watch-timeout", "600"], env=client_env,
                              capture_output=True, text=True, timeout=700, check=False)
@@ -99,6 +205,14 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         assert run.returncode == 0, out[-3000:] + serve_log.read_text(errors="replace")[-3000:]
         assert "COMPLETED" in out.upper(), out[-3000:]
         assert (tmp_path / "work" / "sweeps").is_dir()  # the run really measured
+        done = list(ledger.entries())
+        assert len(done) == 4 and all(e.measurement.ok for e in done)
+        assert {k: _points(work).get(k) for k in before} == before  # not measured again
+        again = [e["hash"] for e in ledger.events("engine_start")][starts:]
+        assert sorted(again) == sorted(missing)  # started again: only what run 1 left
+        os.killpg(serve.pid, signal.SIGTERM)
+        assert serve.wait(timeout=120) == 0, serve_log.read_text(errors="replace")[-3000:]
     finally:
         for p in reversed(procs):
-            _stop(p)
+            if p.poll() is None:
+                _stop(p)
