@@ -92,7 +92,7 @@ def test_cpu_demo_is_the_small_real_sweep() -> None:
     assert methods == {"none", "ngram", "draft_model"}
     assert len(plan.workloads) == 2 and len(plan.concurrency) == 2 and plan.repeats == 2
     # raced within a budget sized for 15 minutes on 2 cores (README "Two commands")
-    assert loaded.spec.sweep.design == "race" and loaded.spec.sweep.budget.engine_starts == 14
+    assert loaded.spec.sweep.design == "race" and loaded.spec.sweep.budget.engine_starts == 9
     assert loaded.spec.promote.min_repeats <= plan.repeats
     classes = {loaded.spec.workload[w].traffic_class for w in plan.workloads}
     assert len(classes) == 2
