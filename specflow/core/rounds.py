@@ -526,8 +526,8 @@ def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, r
                              why=f"failed confirmation: {gate or 'upper bound below the margin'}")
         elif looks >= shape.budget.confirm_looks:
             out[k] = replace(st, status="unresolved", looks=looks, estimates=ests,
-                             why=f"not confirmed after {looks} looks (p = {p:.2g}); "
-                                 + _settle_cost(v, promote))
+                             why=f"not confirmed after {looks} look{'s' * (looks != 1)} "
+                                 f"(p = {p:.2g}); " + _settle_cost(v, promote))
         else:
             out[k] = replace(st, looks=looks, estimates=ests)
     return out
