@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from specflow.results.ledger import Ledger
+from tests.pipelines.procs import processes_using
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = "specflow-sweep/specflow-revalidate"
@@ -73,23 +74,6 @@ def _points(work: Path) -> dict[str, dict]:
             except (OSError, ValueError, KeyError):
                 continue  # being replaced (atomic rename): read it next time
     return out
-
-
-def _processes_using(path: Path, but: int) -> list[str]:
-    """Command lines of live processes that mention `path` (engines, load generators), except
-    the process `but` (the serve process: its overrides name the models too)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or proc.name == str(but):
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if str(path) in cmd and state != "Z":
-            found.append(f"{proc.name}: {cmd[:200]}")
-    return found
 
 
 def _wait_for(what: str, check, timeout: float, *logs: Path) -> None:  # noqa: ANN001
@@ -185,7 +169,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         _wait_for("the killed run ending", lambda: serving() and AGAIN in serve_log.read_text(
             errors="replace"), 600, serve_log)
         _wait_for("no engine outliving the killed run",
-                  lambda: not _processes_using(models, but=serve.pid), 60, serve_log)
+                  lambda: not processes_using(models, but=serve.pid), 60, serve_log)
         (sweep_dir,) = (work / "sweeps").iterdir()
         ledger = Ledger(work, sweep_dir.name)
         points = _points(work)

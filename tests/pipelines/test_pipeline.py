@@ -15,6 +15,7 @@ import pytest
 
 from specflow.config.compose import load_plan
 from specflow.results.ledger import Ledger
+from tests.pipelines.procs import processes_of, processes_using
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,25 +171,9 @@ def _full_artifact_disk_fails_the_window_only(tmp: Path, args: list[str], models
     after_champion = json.loads(champion.read_bytes())
     assert after_champion == before or after_champion["previous"] == before["version"]
     deadline = time.monotonic() + 60
-    while _processes_using(models) and time.monotonic() < deadline:
+    while processes_using(models) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not _processes_using(models), _processes_using(models)
-
-
-def _processes_of(tmp: Path) -> list[str]:
-    """Live processes started for the test in `tmp` (they inherit its PREFECT_HOME)."""
-    marker = f"PREFECT_HOME={tmp / 'prefect'}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
-                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
-                    found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                        errors="replace")[:200])
-        except OSError:
-            continue
-    return found
+    assert not processes_using(models), processes_using(models)
 
 
 @pytest.mark.engine
@@ -202,11 +187,11 @@ def test_sigterm_ends_the_main_job_like_ctrl_c(tmp_path: Path, models: Path) -> 
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        while not any(" serve " in c for c in _processes_of(tmp_path)):  # an engine starts
+        while not any(" serve " in c for c in processes_of(tmp_path)):  # an engine starts
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no engine start within 300 s"
             time.sleep(0.5)
-        assert len(_processes_of(tmp_path)) >= 3  # the job, Prefect's server, the engine
+        assert len(processes_of(tmp_path)) >= 3  # the job, Prefect's server, the engine
         proc.terminate()
         out, errs = proc.communicate(timeout=120)
     finally:
@@ -216,29 +201,13 @@ def test_sigterm_ends_the_main_job_like_ctrl_c(tmp_path: Path, models: Path) -> 
     assert "interrupted: the finished windows are kept in the ledger" in errs
     assert "Traceback" not in out + errs, errs[-3000:]
     deadline = time.monotonic() + 60
-    while _processes_of(tmp_path) and time.monotonic() < deadline:
+    while processes_of(tmp_path) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not _processes_of(tmp_path), _processes_of(tmp_path)
+    assert not processes_of(tmp_path), processes_of(tmp_path)
 
 
 def _count_starts(tmp: Path) -> int:
     return len(_ledger(tmp).events("engine_start"))
-
-
-def _processes_using(path: Path) -> list[str]:
-    """Command lines of live processes that mention `path` (engines, load generators)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if str(path) in cmd and state != "Z":
-            found.append(f"{proc.name}: {cmd[:200]}")
-    return found
 
 
 def _closed_port() -> int:
@@ -314,9 +283,9 @@ def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: 
         server.kill()
     # nothing the killed flow started outlives it (engines run in their own process group)
     deadline = time.monotonic() + 60
-    while _processes_using(models) and time.monotonic() < deadline:
+    while processes_using(models) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not _processes_using(models), _processes_using(models)
+    assert not processes_using(models), processes_using(models)
     kept = [e for e in _ledger(tmp_path).entries() if e.measurement.ok]
     assert any(e.logged for e in kept) and not all(e.logged for e in kept), \
         "the server died between two windows: one logged, one kept locally"
