@@ -109,11 +109,30 @@ def decide(ctx: Context) -> Outcome:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:
             ctx.tracker.log_summary(ctx.parent_run_id, {
-                "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok},
-                [files.report, *files.plots], artifact_path="report")
+                "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
+                **band_metrics(table)}, [files.report, *files.plots], artifact_path="report")
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
     return Outcome(True, problems, files.report, list(files.plots), promotions, table)
+
+
+def band_metrics(table: list[dict[str, Any]]) -> dict[str, float]:
+    """Per class and band, what is deployed (the winner, or the baseline when off or
+    unresolved): `band.<class>.<band>.speedup` with `_lo` / `_hi`, `.N`, `.acceptance_rate`
+    and `.outcome` (1 speculate, 0 off, -1 unresolved), so the MLflow UI charts each band
+    across re-validations."""
+    out: dict[str, float] = {}
+    for row in table:
+        if row["verdict"] not in ("winner", "unresolved"):
+            continue
+        key = f"band.{row['traffic_class']}.{row['band']}"
+        out |= {f"{key}.speedup": row["speedup"], f"{key}.speedup_lo": row["lo"],
+                f"{key}.speedup_hi": row["hi"], f"{key}.N": row["N"],
+                f"{key}.outcome": -1.0 if row["verdict"] == "unresolved"
+                else float(row["N"] > 0)}
+        if row["acceptance_rate"] is not None:
+            out[f"{key}.acceptance_rate"] = row["acceptance_rate"]
+    return out
 
 
 def _register(ctx: Context, promotion: promote.Promotion) -> None:

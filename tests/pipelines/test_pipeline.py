@@ -130,6 +130,9 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
     assert {"speculative_config.json", "serve_argv.json", "measurement.json"} <= names
     parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "plan.json", "pins.json", "report"} <= parent_files
+    # what the band deploys, charted per band across re-validations in the MLflow UI
+    assert {"band.chat.c1.speedup", "band.chat.c1.speedup_lo", "band.chat.c1.N",
+            "band.chat.c1.outcome"} <= set(parent.data.metrics)
     pins = json.loads(Path(client.download_artifacts(parent.info.run_id, "pins.json",
                                                      str(tmp_path))).read_text())
     assert pins["vllm"] and pins["torch"] and pins["specflow"]
