@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from specflow import steps
@@ -94,9 +94,17 @@ def decide(overrides: list[str]) -> dict[str, Any]:
     ctx = steps.open_sweep(overrides)
     outcome = steps.decide(ctx)
     markdown = outcome.report.read_text() if outcome.report else "no report"
+    about = f"sweep {ctx.plan.target} on {ctx.plan.hardware}"
     create_markdown_artifact(markdown=markdown[:200_000], key="specflow-sweep-summary",
-                             description=f"sweep {ctx.plan.target} on {ctx.plan.hardware}")
-    return steps.outcome_summary(ctx, outcome)
+                             description=about)
+    summary = steps.outcome_summary(ctx, outcome)
+    link = summary["run_link"] or f"MLflow unreachable ({summary['tracking_error']})"
+    create_table_artifact(table=console.decision_lines(outcome.table) or [
+                              {"no decision": p} for p in outcome.problems],
+                          key="specflow-decision",
+                          description=f"{about}: the decision per traffic class and band. "
+                                      f"MLflow parent run {summary['parent_run_id']}: {link}")
+    return summary
 
 
 @flow(name="specflow-sweep", flow_run_name="sweep {run_label}", log_prints=True)

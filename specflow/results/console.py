@@ -95,26 +95,52 @@ class SweepProgress:
         self.console.print(escape(count + window_line(m) + tail), highlight=False)
 
 
-def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None:
-    """The decision per class and band (the full table with every candidate is in the report)."""
+NARROW = 100
+"""Below this many columns the decision is printed as lines per band, not as a table."""
 
-    rows = summary["table"]
-    if rows:
-        table = Table(title="decision per traffic class and concurrency band")
-        for col in ("class", "band", "deploy", "N", "speedup [CI]", "runner-up / why not"):
+
+def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Per traffic class and band: what is deployed, its N and speedup [CI], and the best
+    other candidate with its verdict (the console's table and the flow run's table artifact)."""
+    out = []
+    for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
+        mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
+        win = next(r for r in mine if r["verdict"] in ("winner", "unresolved"))
+        others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
+                        key=lambda r: -(r["lo"] or 0))
+        best = others[0] if others else None
+        out.append({
+            "class": cls, "band": band,
+            "deploy": win["engine"] if win["verdict"] == "winner" else "unresolved (champion kept)",
+            "N": str(win["N"]),
+            "speedup [CI]": f"{win['speedup']:.3f} [{win['lo']:.3f}, {win['hi']:.3f}]",
+            "runner-up / why not": (f"{best['engine']}: {best['speedup']:.3f} "
+                                    f"[{best['lo']:.3f}, {best['hi']:.3f}] {best['verdict']}"
+                                    if best else "")})
+    return out
+
+
+def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None:
+    """The decision per class and band (the full table with every candidate is in the report):
+    a table on a wide console, two lines per band on a narrow one (80 columns), so a CI is
+    never split over lines."""
+    lines = decision_lines(summary["table"])
+    title = "decision per traffic class and concurrency band"
+    if lines and out.width >= NARROW:
+        table = Table(title=title)
+        for col in lines[0]:
             table.add_column(col, overflow="fold")
-        for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
-            mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
-            win = next(r for r in mine if r["verdict"] in ("winner", "unresolved"))
-            others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
-                            key=lambda r: -(r["lo"] or 0))
-            best = others[0] if others else None
-            why = (f"{best['engine']}: {best['speedup']:.3f} [{best['lo']:.3f}, {best['hi']:.3f}] "
-                   f"{best['verdict']}" if best else "")
-            deploy = win["engine"] if win["verdict"] == "winner" else "unresolved (champion kept)"
-            table.add_row(cls, band, deploy, str(win["N"]),
-                          f"{win['speedup']:.3f} [{win['lo']:.3f}, {win['hi']:.3f}]", escape(why))
+        for row in lines:
+            table.add_row(*(escape(v) for v in row.values()))
         out.print(table)
+    elif lines:
+        out.print(f"[bold]{title}[/]")
+        for row in lines:
+            out.print(escape(f"{row['class']} {row['band']}: {row['deploy']} N={row['N']} "
+                             f"{row['speedup [CI]']}"), highlight=False, soft_wrap=True)
+            if row["runner-up / why not"]:
+                out.print(escape(f"  runner-up: {row['runner-up / why not']}"),
+                          highlight=False, soft_wrap=True)
     for p in summary["problems"]:
         out.print(f"[yellow]no decision:[/] {escape(p)}")
     out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
@@ -127,8 +153,9 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
     if summary["tracking_error"]:
         out.print(f"[yellow]MLflow was unreachable ({escape(summary['tracking_error'])}); "
                   f"{summary['unlogged']} windows are kept locally and synced on the next run[/]")
-    out.print(escape(f"results: mlflow ui --backend-store-uri {uri}  (experiment "
-                     f"'{summary['experiment']}', parent run {summary['parent_run_id']})"))
+    where = summary.get("run_link") or f"mlflow ui --backend-store-uri {uri}"
+    out.print(escape(f"results: {where}  (experiment '{summary['experiment']}', parent run "
+                     f"{summary['parent_run_id']})"), soft_wrap=True)
 
 
 def print_headroom(reports: Sequence[Headroom], out: Console) -> None:

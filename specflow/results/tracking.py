@@ -100,6 +100,14 @@ class Tracker:
                                                    EXPERIMENT_KIND)
         return self._experiment_id
 
+    def run_link(self, run_id: str) -> str:
+        """Where a person opens the run: its page on a tracking server (an http(s) URI); for
+        a local store, the `mlflow ui` command and the run's path inside that UI."""
+        page = f"#/experiments/{self.experiment_id()}/runs/{run_id}"
+        if self.uri.startswith(("http://", "https://")):
+            return f"{self.uri.rstrip('/')}/{page}"
+        return f"mlflow ui --backend-store-uri {self.uri}, then {page}"
+
     def _find(self, tags: dict[str, str]) -> list[Any]:
         flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
         return self.client.search_runs([self.experiment_id()], filter_string=flt, max_results=5000)

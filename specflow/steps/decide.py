@@ -146,6 +146,16 @@ def _register(ctx: Context, promotion: promote.Promotion) -> None:
         ctx.went_offline(exc)
 
 
+def _run_link(ctx: Context) -> str | None:
+    if ctx.tracker is None or ctx.parent_run_id is None:
+        return None
+    try:
+        return ctx.tracker.run_link(ctx.parent_run_id)
+    except Exception as exc:  # noqa: BLE001 - any store failure: the summary goes on without it
+        ctx.went_offline(exc)
+        return None
+
+
 def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
     """A JSON-able summary of the sweep for the CLI and the flow's return value."""
     entries = list(ctx.ledger.entries())
@@ -160,5 +170,6 @@ def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
         "unlogged": sum(not e.logged for e in entries),
         "tracking_uri": ctx.spec.tracking.uri, "tracking_error": ctx.tracking_error,
         "experiment": experiment_name(ctx.loaded), "parent_run_id": ctx.parent_run_id,
+        "run_link": _run_link(ctx),
         "missing": [k.id for k in missing(ctx)],
     }

@@ -1,0 +1,64 @@
+"""The decision as a person reads it in a terminal, a log file or a narrow console."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from specflow.core.analysis import analyze, decision_rows
+from specflow.core.schema import PromoteSpec
+from specflow.results.console import NARROW, decision_lines, print_outcome
+from tests.builders import Cand, engine, sweep
+
+CI = re.compile(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]")
+
+
+def _summary() -> dict:
+    e3 = engine("eagle3-n3-with-a-long-engine-name", "eagle3", 3)
+    ng = engine("ngram-n4", "ngram", 4)
+    records, close = sweep([Cand(e3, {1: 1.6, 8: 1.0}), Cand(ng, {1: 1.1, 8: 1.0})],
+                           levels=(1, 8), repeats=3, closing=3, cv=0.02,
+                           rng=np.random.default_rng(0))
+    result = analyze(records, PromoteSpec(), closing_baseline=close)
+    table = [row for r in result.classes for row in decision_rows(r)]
+    return {"table": table, "problems": [], "ok": 30, "points": 30, "missing": [],
+            "promotions": [], "report": None, "tracking_uri": "sqlite:///m.db",
+            "tracking_error": None, "experiment": "e", "parent_run_id": "abc",
+            "run_link": "mlflow ui --backend-store-uri sqlite:///m.db, then "
+                        "#/experiments/1/runs/abc"}
+
+
+def test_decision_lines_name_what_each_band_deploys() -> None:
+    lines = decision_lines(_summary()["table"])
+    assert [(r["band"], r["deploy"]) for r in lines] == [
+        ("c1", "eagle3-n3-with-a-long-engine-name"), ("c8", "off (baseline)")]
+    assert CI.fullmatch(lines[0]["speedup [CI]"])
+    assert lines[0]["N"] == "3" and lines[1]["N"] == "0"
+    assert lines[0]["runner-up / why not"].startswith("ngram-n4: ")
+
+
+@pytest.mark.parametrize("width", [80, 60, NARROW - 1])
+def test_a_narrow_console_never_splits_a_band_or_its_interval(width: int) -> None:
+    out = Console(width=width, record=True, color_system=None)
+    print_outcome(_summary(), out, 12.0)
+    text = out.export_text()
+    # each band on one line with its interval whole; the runner-up on the next line
+    c1 = next(line for line in text.splitlines() if line.startswith("math c1: "))
+    assert "eagle3-n3-with-a-long-engine-name N=3 " in c1 and CI.search(c1)
+    assert any(line.startswith("  runner-up: ngram-n4: ") and CI.search(line)
+               for line in text.splitlines())
+    assert "│" not in text  # no table borders to wrap
+    assert "results: mlflow ui --backend-store-uri sqlite:///m.db, then #/experiments/1/runs/abc" \
+        in text
+
+
+def test_a_wide_console_gets_the_table() -> None:
+    out = Console(width=160, record=True, color_system=None)
+    print_outcome(_summary(), out, 12.0)
+    text = out.export_text()
+    assert "│" in text and "runner-up / why not" in text
+    row = next(line for line in text.splitlines() if "eagle3-n3-with-a-long-engine-name" in line)
+    assert CI.search(row)  # the interval in its cell, on the row's line
