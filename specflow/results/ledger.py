@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,13 @@ from specflow.core.records import Measurement
 log = logging.getLogger("specflow.results.ledger")
 
 
-def sweep_id(plan_hash: str, vllm_version: str) -> str:
-    """Identity of a sweep for resume: the plan and the engine that measures it."""
-    return hashlib.sha256(f"{plan_hash}|{vllm_version}".encode()).hexdigest()[:16]
+def sweep_id(plan_hash: str, vllm_version: str, measured: Mapping[str, Any]) -> str:
+    """Identity of a sweep for resume: the plan, the engine that measures it and every other
+    setting that changes what a window measures (`measured`: the workloads' prompts and output
+    lengths, the warm-up, the design). What only changes the decision (margins, confidence)
+    is not in it: a re-decision reuses the windows."""
+    blob = json.dumps(measured, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{plan_hash}|{vllm_version}|{blob}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from specflow.config.artifact import artifact_config
 from specflow.config.compose import Loaded, load_plan
@@ -218,6 +219,13 @@ def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> probe.VllmFacts:
     return facts
 
 
+def measured_settings(spec: Spec) -> dict[str, Any]:
+    """Besides the plan, what changes what a window measures (part of the sweep's identity):
+    the workloads (prompts, output lengths, sources), the warm-up and the design."""
+    return {"workload": {k: w.model_dump(mode="json") for k, w in spec.workload.items()},
+            "warmup_requests": spec.sweep.warmup_requests, "design": spec.sweep.design}
+
+
 def open_sweep(overrides: Sequence[str], *, tracking: bool = True) -> Context:
     """Build the sweep's context from its overrides and its ledger (see the module docstring).
 
@@ -229,7 +237,8 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True) -> Context:
     facts = _vllm_facts(loaded, plan)
     if _local_models(loaded):
         tiny.build_all(Path(spec.paths.models))
-    ledger = Ledger(Path(spec.tracking.workdir), sweep_id(plan.hash, facts.version))
+    ledger = Ledger(Path(spec.tracking.workdir),
+                    sweep_id(plan.hash, facts.version, measured_settings(spec)))
     reports = {ec.hash: h for ec, h in zip(plan.engine_configs, headroom_reports(loaded, plan),
                                                    strict=True)}
     local_tok = Path(spec.target.tokenizer or spec.target.model).expanduser()

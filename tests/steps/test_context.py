@@ -44,3 +44,26 @@ def test_config_artifact_of_a_plain_config_is_the_config() -> None:
     cfg = yaml.safe_load(artifact_config(loaded))
     assert cfg["backend"]["env"] == {}
     assert cfg == loaded.raw
+
+
+def _sid(*overrides: str) -> str:
+    from specflow.config.compose import load_plan
+    from specflow.results.ledger import sweep_id
+    from specflow.steps.context import measured_settings
+
+    loaded, plan = load_plan(["experiment=cpu_demo", *overrides])
+    return sweep_id(plan.hash, "0.32.0", measured_settings(loaded.spec))
+
+
+@pytest.mark.parametrize("change", [
+    "workload.chat.max_tokens=9", "workload.chat.num_prompts=5", "sweep.warmup_requests=3",
+    "sweep.design=grid", "workload=[chat]"])
+def test_what_changes_a_window_changes_the_sweep(change: str) -> None:
+    """A different output length, prompt set, warm-up or design is another sweep: its windows
+    are never taken for the old ones on resume."""
+    assert _sid(change) != _sid()
+
+
+@pytest.mark.parametrize("change", ["promote.margin=0.1", "promote.confidence=0.9"])
+def test_what_changes_only_the_decision_reuses_the_windows(change: str) -> None:
+    assert _sid(change) == _sid()
