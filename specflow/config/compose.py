@@ -647,6 +647,10 @@ def _compose_problem(exc: BaseException, culprit: str | None, root: Path,
                        f"'{key}=<option>' or '+{key}=<option>'", source=source)
     if "Could not override" in text:
         return _not_overridable(key, culprit, root, choices, overrides)
+    if "Ambiguous value" in text:  # Hydra's sweep syntax outside a multirun
+        return Problem(key, "several values for one run", value,
+                       f"one value, or -m / --multirun to run once per value of {key}",
+                       source=source)
     return Problem(key, f"cannot apply ({_reason(exc)})", value,
                    "an override that fits the composed config", source=source)
 

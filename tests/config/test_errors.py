@@ -345,6 +345,55 @@ def test_a_refused_override_in_a_real_process() -> None:
     assert lines[1].startswith("  - sweep.repeats: out of range; got 0")
 
 
+# ------------------------------------------------------------------ multirun (-m)
+
+
+def test_sweep_syntax_expands_to_every_combination() -> None:
+    combos = cli.combinations(["experiment=cpu_demo", "drafter=[none,ngram]",
+                               "target=tiny,qwen3_8b", "sweep.repeats=range(1,3)"])
+    assert [swept for _, swept in combos] == [
+        ["target=tiny", "sweep.repeats=1"], ["target=tiny", "sweep.repeats=2"],
+        ["target=qwen3_8b", "sweep.repeats=1"], ["target=qwen3_8b", "sweep.repeats=2"]]
+    assert all(c[:2] == ["experiment=cpu_demo", "drafter=[none,ngram]"] for c, _ in combos)
+    assert cli.combinations(["+x=1", "~y"]) == [(["+x=1", "~y"], [])]
+
+
+def test_multirun_runs_the_valid_combinations_and_reports_each_invalid_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["-m", "compile", "--no-probe", "experiment=cpu_demo",
+                     "workload.chat.max_tokens=8,-1", "sweep.repeats=1,0"])
+    out, errs = capsys.readouterr()
+    assert code == 2
+    assert "multirun: 4 combinations of compile, 3 invalid" in errs
+    assert '"num_points"' in out and out.count('"plan_hash"') == 1  # the valid one compiled
+    assert re.findall(r"invalid configuration: (\d) problems?", errs) == ["1", "1", "2"]
+    lines = [x for x in errs.splitlines() if x.startswith("  - ")]
+    assert len(lines) == 4  # one line per problem of each invalid combination
+    assert sum("workload.chat.max_tokens: out of range; got -1" in x for x in lines) == 2
+    assert sum("sweep.repeats: out of range; got 0" in x for x in lines) == 2
+    assert "#0 workload.chat.max_tokens=8 sweep.repeats=1: exit 0 (ok)" in errs
+    assert "#3 workload.chat.max_tokens=-1 sweep.repeats=0: exit 2 (invalid, not run)" in errs
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("workload=glob(*)", "glob() is not supported"),
+    ("target=[a", "cannot be swept"),
+])
+def test_multirun_names_an_override_it_cannot_sweep(override: str, says: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["-m", "compile", "--no-probe", override]) == 2
+    (line,) = _problem_lines(capsys.readouterr().err)
+    assert line.startswith("  - override: ") and says in line and repr(override) in line
+
+
+def test_several_values_without_multirun_point_to_it() -> None:
+    with pytest.raises(SpecError) as info:
+        load(["experiment=cpu_demo", "workload.chat.max_tokens=8,9"])
+    (problem,) = info.value.problems
+    assert problem.path == "workload.chat.max_tokens"
+    assert "several values for one run" in problem.render() and "--multirun" in problem.render()
+
+
 # ------------------------------------------------------------------ one line per problem
 
 

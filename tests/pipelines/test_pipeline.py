@@ -209,6 +209,31 @@ def test_sigterm_ends_the_main_job_like_ctrl_c(tmp_path: Path, models: Path) -> 
     assert not processes_of(tmp_path), processes_of(tmp_path)
 
 
+@pytest.mark.engine
+def test_multirun_sweeps_each_valid_combination_and_reports_the_invalid(tmp_path: Path,
+                                                                       models: Path) -> None:
+    """`-m` with a swept override of three values, one invalid: every combination is checked
+    before anything starts; the two valid ones run as their own sweeps (their own MLflow
+    parent run and decision); the invalid one gets its exit-2 problem line; exit 2."""
+    proc = _run(tmp_path, ["-m", *_args(tmp_path, models, "drafter=[none]",
+                                        "sweep.closing_baseline_repeats=0",
+                                        "workload.chat.max_tokens=8,9,-1")])
+    out, errs = proc.stdout, proc.stderr
+    assert proc.returncode == 2, errs[-3000:]
+    assert "Traceback" not in out + errs, errs[-3000:]
+    assert "multirun: 3 combinations of run, 1 invalid" in errs
+    assert "workload.chat.max_tokens: out of range; got -1; expected a value >= 1" in errs
+    assert errs.index("1 invalid") < errs.index("#0 workload.chat.max_tokens=8")  # checked first
+    for line in ("#0 workload.chat.max_tokens=8: exit 0 (ok)",
+                 "#1 workload.chat.max_tokens=9: exit 0 (ok)",
+                 "#2 workload.chat.max_tokens=-1: exit 2 (invalid, not run)"):
+        assert line in errs, errs[-3000:]
+    assert out.count("decision per traffic class and concurrency band") == 2
+    parents = [r for r in _all_runs(tmp_path) if r.data.tags.get("specflow.kind") == "sweep"]
+    assert len({r.data.tags["specflow.sweep_id"] for r in parents}) == 2
+    assert len(list((tmp_path / "work" / "sweeps").iterdir())) == 2
+
+
 def _count_starts(tmp: Path) -> int:
     return len(_ledger(tmp).events("engine_start"))
 
