@@ -9,7 +9,7 @@ from functools import cache
 
 import numpy as np
 
-from specflow.core.compile import EngineConfig
+from specflow.core.compile import ADAPTIVE_KEY, EngineConfig
 from specflow.core.records import Measurement, PointKey
 
 DIGESTS = tuple(f"{i:064x}" for i in range(20))
@@ -18,8 +18,8 @@ LATENCY = {"p99_tpot_ms": 20.0, "p99_ttft_ms": 300.0, "p99_itl_ms": 25.0, "p99_e
 
 
 @cache
-def engine(name: str, method: str = "none", n: int = 0, drafter: str | None = None
-           ) -> EngineConfig:
+def engine(name: str, method: str = "none", n: int = 0, drafter: str | None = None,
+           adaptive: bool = False) -> EngineConfig:
     """An EngineConfig as compile would build it for the tiny target (its hash keys the records)."""
     argv = ["vllm", "serve", "/models/tiny", "--served-model-name", "tiny", "--dtype", "bfloat16"]
     spec_cfg = None
@@ -27,6 +27,8 @@ def engine(name: str, method: str = "none", n: int = 0, drafter: str | None = No
         spec_cfg = {"method": method, "num_speculative_tokens": n}
         if method == "ngram":
             spec_cfg.update(prompt_lookup_min=2, prompt_lookup_max=4)
+        if adaptive:
+            spec_cfg[ADAPTIVE_KEY] = True
         argv += ["--speculative-config", json.dumps(spec_cfg, sort_keys=True,
                                                     separators=(",", ":"))]
     return EngineConfig(name=name, drafter=drafter or method, method=method,
@@ -44,7 +46,7 @@ def window(ec: EngineConfig, tput: float, *, workload: str = "gsm8k", cls: str =
     """One measured window of engine `ec`."""
     spec = ec.method != "none"
     return Measurement(
-        key=PointKey(ec.hash, workload, c, r), engine=ec.name, drafter=ec.drafter,
+        key=PointKey(ec.hash, workload, c, r), engine=ec.name, drafter=ec.series,
         method=ec.method, num_speculative_tokens=ec.num_speculative_tokens, traffic_class=cls,
         status="failed" if failure else "ok", failure=failure,
         completed=0 if failure else len(digests) - failed_requests, failed=failed_requests,

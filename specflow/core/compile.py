@@ -53,6 +53,17 @@ class EngineConfig:
     """Pinned revision of the drafter weights."""
 
     @property
+    def adaptive(self) -> bool:
+        """Whether vLLM verifies adaptively (`enable_adaptive_verification`)."""
+        return bool((self.speculative_config or {}).get(ADAPTIVE_KEY))
+
+    @property
+    def series(self) -> str:
+        """The candidate family its measurements belong to: the drafter, or the drafter with
+        adaptive verification (another engine per N, deployed on its own)."""
+        return f"{self.drafter}+adaptive" if self.adaptive else self.drafter
+
+    @property
     def hash(self) -> str:
         """Stable content hash of what defines the engine (argv, which embeds the spec config)."""
         blob = json.dumps(list(self.serve_argv), separators=(",", ":"))
@@ -128,11 +139,15 @@ class SweepPlan:
 # --------------------------------------------------------------------------------------------
 # Cross-section checks of one drafter entry (each returns its problems, in report order)
 
+ADAPTIVE_KEY = "enable_adaptive_verification"
+
 _RESERVED_KEYS = frozenset({
     "method", "model", "revision", "num_speculative_tokens", "prompt_lookup_min",
     "prompt_lookup_max", "draft_tensor_parallel_size", "draft_sample_method",
-    "num_speculative_tokens_per_batch_size"})
+    "num_speculative_tokens_per_batch_size", ADAPTIVE_KEY})
 """--speculative-config keys specflow sets from a drafter's own fields."""
+_FIELD_OF = {ADAPTIVE_KEY: "adaptive_verification"}
+"""The drafter field behind a reserved key, where its name differs."""
 
 
 def _where(name: str) -> tuple[str, str]:
@@ -266,11 +281,32 @@ def _check_extra_config(name: str, d: DrafterSpec) -> list[Problem]:
     at, src = _where(name)
     out = [Problem(f"{at}.extra_speculative_config.{key}",
                    "set by specflow from the drafter's own fields", d.extra_speculative_config[key],
-                   f"the field drafter.{name}.{key} (or the checkpoint) instead", source=src)
+                   f"the field drafter.{name}.{_FIELD_OF.get(key, key)} (or the checkpoint) "
+                   "instead", source=src)
            for key in sorted(_RESERVED_KEYS & set(d.extra_speculative_config))]
     if d.num_speculative_tokens_per_batch_size is not None:
         out += _check_schedule(f"{at}.num_speculative_tokens_per_batch_size",
                                d.num_speculative_tokens_per_batch_size, src)
+    return out
+
+
+def _check_adaptive(spec: Spec, name: str, d: DrafterSpec) -> list[Problem]:
+    """Adaptive verification only where vLLM 0.32 has it: a method it names, a GPU engine."""
+    if True not in d.adaptive_verification:
+        return []
+    at, src = _where(name)
+    out = []
+    if not METHODS[d.method].adaptive_verification:
+        supported = [m for m, info in METHODS.items() if info.adaptive_verification]
+        out.append(Problem(f"{at}.adaptive_verification", f"vLLM 0.32 verifies adaptively only "
+                           f"for method {' or '.join(supported)}, not {d.method}",
+                           d.adaptive_verification, f"[false], or a drafter of method "
+                           f"{' or '.join(supported)}", source=src))
+    if spec.hardware.vendor == "cpu":
+        out.append(Problem(f"{at}.adaptive_verification", "the CPU engine never verifies "
+                           "adaptively (it runs in vLLM's GPU Model Runner V2; the CPU engine's "
+                           "V1 runner would measure fixed N twice)", d.adaptive_verification,
+                           "[false] on hardware=cpu; sweep it on a GPU", source=src))
     return out
 
 
@@ -279,7 +315,7 @@ def _check_drafter(spec: Spec, name: str, d: DrafterSpec, catalog: Catalog) -> l
     return [*_check_method(name, d), *_check_catalog(name, d, catalog),
             *_check_checkpoints(spec, name, d), *_check_hardware(spec, name, d),
             *_check_ngram(name, d), *_check_tp(spec, name, d), *_check_vocab(spec, name, d),
-            *_check_extra_config(name, d)]
+            *_check_extra_config(name, d), *_check_adaptive(spec, name, d)]
 
 
 @dataclass(frozen=True)
@@ -586,10 +622,15 @@ def _engine_configs(spec: Spec, name: str, d: DrafterSpec, ns: Sequence[int]
     info = METHODS[d.method]
     ckpt = d.checkpoints.get(spec.target.name)
     out = []
-    for n in ([0] if info.vllm_method is None else sorted(set(ns))):
+    modes = sorted(set(d.adaptive_verification))  # fixed N first
+    for n, adaptive in ([(0, False)] if info.vllm_method is None
+                        else [(n, a) for n in sorted(set(ns)) for a in modes]):
         sc = speculative_config(info, d, ckpt, n)
+        if adaptive and sc is not None:
+            sc[ADAPTIVE_KEY] = True
         out.append(EngineConfig(
-            name="baseline" if info.vllm_method is None else f"{name}-n{n}",
+            name="baseline" if info.vllm_method is None
+            else f"{name}-n{n}" + ("-adaptive" if adaptive else ""),
             drafter=name, method=d.method, num_speculative_tokens=n,
             speculative_config=sc, serve_argv=serve_argv(spec, sc),
             lookahead_slots=info.lookahead_slots(n),

@@ -33,6 +33,10 @@ class MethodInfo:
     """Why it does not run on the CPU engine."""
     cost_rank: int = 0
     """Cheaper methods (less memory, less compute) rank lower; ties go to the cheaper one."""
+    adaptive_verification: bool = False
+    """vLLM 0.32 can size the verification per request from the drafter's confidence
+    (`enable_adaptive_verification`; its docstring: "currently only supported for
+    method=dspark"; it runs in the GPU Model Runner V2 only)."""
 
     def lookahead_slots(self, n: int) -> int:
         """KV slots each running request reserves beyond its context for N proposed tokens."""
@@ -73,7 +77,8 @@ METHODS: dict[str, MethodInfo] = {
                    extra_lookahead=1, cpu_engine=True, cost_rank=4),
         MethodInfo(name="dspark", vllm_method="dspark", drafting="parallel",
                    needs_checkpoint=True, model_optional=True, reserves_lookahead=True,
-                   extra_lookahead=0, cpu_engine=False, cpu_reason=_NO_V1, cost_rank=4),
+                   extra_lookahead=0, cpu_engine=False, cpu_reason=_NO_V1, cost_rank=4,
+                   adaptive_verification=True),
         MethodInfo(name="draft_model", vllm_method="draft_model", drafting="sequential",
                    needs_checkpoint=True, model_optional=False, reserves_lookahead=True,
                    extra_lookahead=0, cpu_engine=True, cost_rank=5),

@@ -263,6 +263,12 @@ class DrafterSpec(_Model):
     """How the drafter samples its proposals; null keeps vLLM's default."""
     num_speculative_tokens_per_batch_size: list[tuple[PositiveInt, PositiveInt, int]] | None = None
     """Dynamic N: [start, end, N] batch-size ranges (ends inclusive, first starts at 1)."""
+    adaptive_verification: list[bool] = Field(default_factory=lambda: [False], min_length=1,
+                                              max_length=2)
+    """Adaptive verification (vLLM sizes each request's verification from the drafter's
+    confidence) as a sweep axis, like N: `[false]` fixed N only, `[false, true]` both
+    (engines `<drafter>-n<N>` and `<drafter>-n<N>-adaptive`), `[true]` adaptive only; true
+    needs a method the installed vLLM verifies adaptively, on a GPU."""
     extra_speculative_config: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Further --speculative-config keys, passed as they are (checked by the installed vLLM)."""
 

@@ -180,7 +180,7 @@ def _scrape(server: Server) -> metrics.SpecCounters | None:
 
 def _failed(ec: EngineConfig, w: Window, kind: str, detail: str,
             artifacts: Mapping[str, Path] | None = None, **numbers: Any) -> Measurement:
-    return Measurement(key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
+    return Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
                        num_speculative_tokens=ec.num_speculative_tokens,
                        traffic_class=w.traffic_class, status="failed", failure=kind,
                        failure_detail=detail,
@@ -352,7 +352,7 @@ def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],
     engines only), per-request output digests."""
     spec = delta if ec.speculative_config is not None else None
     return Measurement(
-        key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
+        key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
         num_speculative_tokens=ec.num_speculative_tokens, traffic_class=w.traffic_class,
         status=status[0], failure=status[1], failure_detail=status[2],
         completed=int(result.get("completed", 0)), failed=int(result.get("failed", 0)),

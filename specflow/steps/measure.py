@@ -26,7 +26,7 @@ class EngineStartFailed(RuntimeError):
 
 
 def _refused(ec: EngineConfig, windows: Sequence[Window], h: Headroom) -> list[Measurement]:
-    return [Measurement(key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
+    return [Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
                         num_speculative_tokens=ec.num_speculative_tokens,
                         traffic_class=w.traffic_class, status="failed",
                         failure="refused_by_headroom",
@@ -147,7 +147,7 @@ def _schedule_refused(ctx: Context, ec: EngineConfig, start: rounds.Start, error
                       on_point: OnPoint | None) -> dict[str, Any]:
     """The installed vLLM rejects the schedule: its windows fail with the reason, no start."""
     for w in ctx.start_windows(start):
-        m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.drafter, method=ec.method,
+        m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
                         num_speculative_tokens=ec.num_speculative_tokens,
                         traffic_class=w.traffic_class, status="failed",
                         failure="schedule_rejected", failure_detail=error, seq=start.seq,

@@ -532,3 +532,22 @@ def test_build_schedule_fills_unmeasured_batch_sizes_from_the_band_below() -> No
     assert notes == ["batch sizes 1-1 were not measured; they use band c2-4's N=3",
                      "batch sizes 5-7 were not measured; they use band c2-4's N=3"]
     assert build_schedule([(Band(1, 4), 2), (Band(5, 8), 2)])[0] is None
+
+
+def test_adaptive_verification_is_deployed_as_its_own_engine() -> None:
+    """The adaptive engine and the fixed-N engine of one drafter at the same N are two
+    candidates: where the adaptive one wins a band and the fixed one another, the class deploys
+    one engine (the adaptive one, first to win), never the fixed engine under the adaptive
+    engine's verdict."""
+    fixed = engine("dspark-n7", "dspark", 7)
+    adaptive = engine("dspark-n7-adaptive", "dspark", 7, adaptive=True)
+    assert (fixed.series, adaptive.series) == ("dspark", "dspark+adaptive")
+    ms, close = sweep([Cand(adaptive, {1: 1.6, 8: 1.15}), Cand(fixed, {1: 1.3, 8: 1.4})],
+                      levels=(1, 8), repeats=5, closing=5, cv=0.01,
+                      rng=np.random.default_rng(3))
+    (result,) = analyze(ms, PromoteSpec(), closing_baseline=close).classes
+    assert [d.winner.engine for d in result.decisions] == ["dspark-n7-adaptive", "dspark-n7"]
+    dep = result.deployment
+    assert (dep.engine, dep.engine_hash, dep.drafter) == (
+        "dspark-n7-adaptive", adaptive.hash, "dspark+adaptive")
+    assert any("dspark-n7 won, but one engine serves one drafter" in n for n in result.notes)

@@ -211,3 +211,50 @@ def test_cli_refuses_a_public_bind_exit_2() -> None:
                    "backend.api_key_env=SPECFLOW_KEY")
     assert proc.returncode == 0, proc.stderr
     assert "warning:" in proc.stderr and "0.0.0.0" in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Adaptive verification: a sweep axis where the installed vLLM has it
+
+
+def test_adaptive_verification_is_swept_beside_each_fixed_n() -> None:
+    _, plan = load_plan(["target=qwen3_8b", "hardware=h200", "drafter=[none,dspark]",
+                         "drafter.dspark.adaptive_verification=[false,true]",
+                         "+sweep.num_speculative_tokens.dspark=[4,7]"])
+    names = [e.name for e in plan.engine_configs]
+    assert names == ["baseline", "dspark-n4", "dspark-n4-adaptive", "dspark-n7",
+                     "dspark-n7-adaptive"]
+    by = {e.name: e for e in plan.engine_configs}
+    assert by["dspark-n7-adaptive"].speculative_config == {
+        **by["dspark-n7"].speculative_config, "enable_adaptive_verification": True}
+    assert by["dspark-n7-adaptive"].hash != by["dspark-n7"].hash
+    assert by["dspark-n7-adaptive"].lookahead_slots == by["dspark-n7"].lookahead_slots
+    assert [e.series for e in plan.engine_configs] == [
+        "none", "dspark", "dspark+adaptive", "dspark", "dspark+adaptive"]
+    _, only = load_plan(["target=qwen3_8b", "hardware=h200", "drafter=[none,dspark]",
+                         "drafter.dspark.adaptive_verification=[true]"])
+    assert [e.name for e in only.engine_configs] == ["baseline", "dspark-n7-adaptive"]
+
+
+def test_adaptive_verification_is_refused_where_vllm_does_not_verify_adaptively() -> None:
+    with pytest.raises(SpecError) as info:
+        load_plan(["experiment=cpu_demo", "+drafter.ngram.adaptive_verification=[false,true]",
+                   "+drafter.draft_model.extra_speculative_config.enable_adaptive_verification"
+                   "=true"])
+    got = {(p.path, p.problem.split(" (")[0]) for p in info.value.problems}
+    assert got == {
+        ("drafter.ngram.adaptive_verification",
+         "vLLM 0.32 verifies adaptively only for method dspark, not ngram"),
+        ("drafter.ngram.adaptive_verification", "the CPU engine never verifies adaptively"),
+        ("drafter.draft_model.extra_speculative_config.enable_adaptive_verification",
+         "set by specflow from the drafter's own fields")}
+    reserved = next(p for p in info.value.problems if "extra_speculative" in p.path)
+    assert "drafter.draft_model.adaptive_verification" in reserved.expected
+
+
+def test_a_cpu_run_asked_to_verify_adaptively_says_so_before_starting() -> None:
+    proc = run_cli("experiment=cpu_demo", "+drafter.ngram.adaptive_verification=[true]")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "drafter.ngram.adaptive_verification: the CPU engine never verifies adaptively" \
+        in proc.stderr
+    assert "sweep" not in proc.stdout  # refused before Prefect, an engine or a window

@@ -52,7 +52,9 @@ def test_accepts_everything_specflow_compiles(facts: probe.VllmFacts) -> None:
     for target, drafter in [("qwen3_8b", "eagle3"), ("qwen3_8b", "dflash"), ("qwen3_8b", "dspark"),
                             ("qwen3_5_27b", "mtp"), ("gemma4_26b_a4b", "gemma4_mtp"),
                             ("qwen3_8b", "ngram"), ("qwen3_8b", "draft_model")]:
-        _, plan = load_plan([f"target={target}", f"drafter={drafter}"])
+        _, plan = load_plan([f"target={target}", f"drafter={drafter}", "hardware=h200",
+                             *([f"drafter.{drafter}.adaptive_verification=[false,true]"]
+                               if drafter == "dspark" else [])])
         for ec in plan.engine_configs:
             if ec.speculative_config:
                 assert probe.check_speculative_config(facts, ec.speculative_config, "x") == []
