@@ -36,6 +36,38 @@ class PointKey:
 
 
 @dataclass(frozen=True)
+class RequestStats:
+    """One request of a window (the window keeps them in dataset order): its lengths and
+    latency from `vllm bench serve`, and for a speculative engine its own acceptance from the
+    response (`--per-request-spec-decode-metrics`; None where the load generator could not
+    read it)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    latency_s: float
+    ttft_s: float
+    spec_steps: int | None = None
+    """Verify steps of this request (its drafts)."""
+    accepted: int | None = None
+    """Draft tokens accepted over its steps."""
+    drafted: int | None = None
+    """Draft tokens proposed over its steps."""
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Tokens per verify step: 1 + accepted / steps."""
+        return 1.0 + self.accepted / self.spec_steps if self.spec_steps and \
+            self.accepted is not None else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first."""
+        if self.output_tokens < 2 or self.latency_s <= self.ttft_s:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One measured window (engine config x workload x concurrency x repeat)."""
 
@@ -43,7 +75,8 @@ class Measurement:
     engine: str
     """EngineConfig.name, e.g. `eagle3-n3` or `baseline`."""
     drafter: str
-    """Drafter entry name (`none` for the baseline)."""
+    """The candidate series: the drafter entry name (`none` for the baseline), with
+    `+adaptive` for its adaptive-verification engines (EngineConfig.series)."""
     method: str
     """Drafting method (`none` for the baseline)."""
     num_speculative_tokens: int
@@ -100,6 +133,8 @@ class Measurement:
     """Racing round the engine start belonged to."""
     engine_s: float = 0.0
     """Seconds from the engine's launch to the end of this window (engine time spent)."""
+    requests: tuple[RequestStats, ...] = ()
+    """Each request of the window, in dataset order (empty for records made before this)."""
 
     @property
     def ok(self) -> bool:
@@ -117,4 +152,5 @@ class Measurement:
         data["key"] = PointKey(**data["key"])
         data["per_position_acceptance"] = tuple(data.get("per_position_acceptance") or ())
         data["output_digests"] = tuple(data.get("output_digests") or ())
+        data["requests"] = tuple(RequestStats(**r) for r in data.get("requests") or ())
         return cls(**data)

@@ -53,7 +53,11 @@ class JobResult:
 class LoadGenerator(Protocol):
     """Runs `vllm bench serve` argv lists, one at a time."""
 
-    def run(self, argv: Sequence[str], log: Path, timeout_s: float) -> JobResult: ...
+    def run(self, argv: Sequence[str], log: Path, timeout_s: float,
+            per_request: Path | None = None) -> JobResult:
+        """Run one job; `per_request` receives the per-request speculative-decoding metrics
+        where the generator can read them (the driver; not a `vllm bench serve` process)."""
+        ...
 
     def pids(self) -> list[int]: ...
 
@@ -144,7 +148,8 @@ class BenchDriver:
         self.import_s = float(msg["import_s"])
         self._ready = True
 
-    def run(self, argv: Sequence[str], log: Path, timeout_s: float) -> JobResult:
+    def run(self, argv: Sequence[str], log: Path, timeout_s: float,
+            per_request: Path | None = None) -> JobResult:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.launch()
@@ -154,7 +159,8 @@ class BenchDriver:
                 return JobResult(False, str(exc))
         assert self.proc is not None and self.proc.stdin is not None
         self._next_id += 1
-        job = {"id": self._next_id, "argv": list(argv), "log": str(log)}
+        job = {"id": self._next_id, "argv": list(argv), "log": str(log),
+               "per_request": str(per_request) if per_request else None}
         start = time.perf_counter()
         try:
             self.proc.stdin.write(json.dumps(job) + "\n")
@@ -223,7 +229,8 @@ class BenchProcess:
         self.env = dict(env)
         self._seen: set[int] = set()
 
-    def run(self, argv: Sequence[str], log: Path, timeout_s: float) -> JobResult:
+    def run(self, argv: Sequence[str], log: Path, timeout_s: float,
+            per_request: Path | None = None) -> JobResult:
         log.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         try:

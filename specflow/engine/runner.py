@@ -15,6 +15,7 @@ counters.json).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -26,7 +27,13 @@ from typing import Any, Literal
 
 from specflow.core.compile import EngineConfig
 from specflow.core.fsio import atomic_write_json
-from specflow.core.records import LATENCY_METRICS, LATENCY_STATS, Measurement, PointKey
+from specflow.core.records import (
+    LATENCY_METRICS,
+    LATENCY_STATS,
+    Measurement,
+    PointKey,
+    RequestStats,
+)
 from specflow.core.schema import EndpointBackend, LocalBackend, WorkloadSpec
 from specflow.engine import metrics
 from specflow.engine.loadgen import (
@@ -238,6 +245,10 @@ class _Files:
     def result(self) -> Path:
         return self.dir / RESULT_FILE
 
+    @property
+    def per_request(self) -> Path:
+        return self.dir / "per_request.jsonl"
+
 
 @dataclass(frozen=True)
 class _Run:
@@ -269,7 +280,9 @@ def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout
     except ConnectionError as exc:
         down = server.failure()
         return (down.kind, down.detail) if down else ("metrics_unavailable", str(exc))
-    job = gen.run(bench_argv(server, w, files.dir), files.bench_log, timeout_s)
+    files.per_request.unlink(missing_ok=True)
+    job = gen.run(bench_argv(server, w, files.dir), files.bench_log, timeout_s,
+                  per_request=files.per_request)
     after: metrics.SpecCounters | None = None
     scrape_error = ""
     try:
@@ -287,6 +300,51 @@ def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout
     if scrape_error:
         return "metrics_unavailable", scrape_error
     return _Run(result, before, after)
+
+
+def request_stats(result: Mapping[str, Any], prompts: Sequence[str], tapped: Path
+                  ) -> tuple[RequestStats, ...]:
+    """Each request in dataset order: lengths and latency from bench's detailed result, and
+    the per-request speculative-decoding metrics the bench driver tapped (matched by prompt;
+    absent where none were read)."""
+    spec: dict[str, list[dict[str, Any]]] = {}
+    if tapped.is_file():
+        for line in tapped.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                row = json.loads(line)
+                spec.setdefault(row["prompt_sha"], []).append(dict(row["spec"]))
+    cols = [result.get(k) or [] for k in ("input_lens", "output_lens", "latencies", "ttfts")]
+    out = []
+    for i, (inp, outp, lat, ttft) in enumerate(zip(*cols, strict=False)):
+        mine = spec.get(request_digest(prompts[i]), []) if i < len(prompts) else []
+        s = mine.pop(0) if mine else {}
+        out.append(RequestStats(
+            prompt_tokens=int(inp or 0), output_tokens=int(outp or 0),
+            latency_s=float(lat or 0.0), ttft_s=float(ttft or 0.0),
+            spec_steps=s.get("num_spec_steps"), accepted=s.get("num_accepted_draft_tokens"),
+            drafted=s.get("num_draft_tokens")))
+    return tuple(out)
+
+
+def request_digest(prompt: str) -> str:
+    """A prompt's digest as the bench driver records it with its request."""
+    return hashlib.sha256(prompt.encode()).hexdigest()[:16]
+
+
+def per_request_check(requests: Sequence[RequestStats], delta: metrics.SpecCounters | None
+                      ) -> dict[str, Any]:
+    """Per-request sums against the /metrics deltas of the window: they must agree, or the
+    difference is reported (never a failed window: the counters are the reference)."""
+    read = [r for r in requests if r.spec_steps is not None]
+    sums = {"num_drafts": sum(r.spec_steps or 0 for r in read),
+            "draft_tokens": sum(r.drafted or 0 for r in read),
+            "accepted_tokens": sum(r.accepted or 0 for r in read)}
+    out: dict[str, Any] = {"requests": len(requests), "with_metrics": len(read), "sums": sums}
+    if delta is not None and read:
+        diff = {k: v - getattr(delta, k) for k, v in sums.items() if v != getattr(delta, k)}
+        out["difference"] = diff
+        out["agrees"] = not diff
+    return out
 
 
 def _status(w: Window, result: Mapping[str, Any], mismatches: Sequence[str]
@@ -324,32 +382,38 @@ def _measure(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window, fi
     files.dir.mkdir(parents=True, exist_ok=True)
     files.result.unlink(missing_ok=True)
     try:
-        phash = prompt_hash(read_prompts(w))
+        prompts = read_prompts(w)
     except (OSError, ValueError) as exc:
         return _failed(ec, w, "dataset_invalid", str(exc), artifacts)
+    phash = prompt_hash(prompts)
     run = _warm_up(server, gen, w, files, timeout_s, artifacts) or \
         _bench(server, gen, w, files, timeout_s, artifacts)
     if not isinstance(run, _Run):
         return _failed(ec, w, *run, artifacts, prompt_hash=phash)
     delta = metrics.window_delta(run.before, run.after)
     mismatches = metrics.compare_with_bench(delta, run.result)
+    requests = request_stats(run.result, prompts, files.per_request)
+    if files.per_request.is_file():
+        artifacts["per_request"] = files.per_request
     atomic_write_json(files.counters, {
         "before": run.before.to_json() if run.before else None,
         "after": run.after.to_json() if run.after else None,
         "delta": delta.to_json() if delta else None,
         "bench": {k: v for k, v in run.result.items() if k.startswith("spec_decode_")},
-        "mismatches": mismatches})
+        "mismatches": mismatches,
+        "per_request": per_request_check(requests, delta)
+        if ec.speculative_config is not None else None})
     artifacts["counters"] = files.counters
     return _measurement(ec, w, run.result, delta, _status(w, run.result, mismatches), phash,
-                        artifacts)
+                        artifacts, requests)
 
 
 def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],
                  delta: metrics.SpecCounters | None,
-                 status: Status, phash: str,
-                 artifacts: Mapping[str, Path]) -> Measurement:
+                 status: Status, phash: str, artifacts: Mapping[str, Path],
+                 requests: tuple[RequestStats, ...]) -> Measurement:
     """The window's record: bench's throughput and latency, the counter deltas (speculative
-    engines only), per-request output digests."""
+    engines only), per-request output digests, lengths, latency and acceptance."""
     spec = delta if ec.speculative_config is not None else None
     return Measurement(
         key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
@@ -369,7 +433,7 @@ def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],
         accepted_tokens=spec.accepted_tokens if spec else None,
         output_digests=output_digests(result), prompt_hash=phash,
         total_output_tokens=int(result.get("total_output_tokens", 0)),
-        artifacts={k: str(v) for k, v in artifacts.items()})
+        artifacts={k: str(v) for k, v in artifacts.items()}, requests=requests)
 
 
 # --------------------------------------------------------------------------------------------

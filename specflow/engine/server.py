@@ -349,7 +349,12 @@ class LocalEngine(Server):
         prefix = vllm_command(self.backend.vllm_command)
         if self.ec.serve_argv[:1] != ("vllm",):
             raise ValueError(f"serve_argv must start with 'vllm': {self.ec.serve_argv[:2]}")
-        return [*prefix, *self.ec.serve_argv[1:], "--host", self.host, "--port", str(port)]
+        # Per-request acceptance in each response (read by the bench driver); launch-only, so
+        # not part of the engine's identity (its hash is the compiled serve argv).
+        per_request = (["--per-request-spec-decode-metrics", "summary"]
+                       if self.ec.speculative_config is not None else [])
+        return [*prefix, *self.ec.serve_argv[1:], *per_request, "--host", self.host, "--port",
+                str(port)]
 
     @property
     def running(self) -> bool:

@@ -19,6 +19,8 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from specflow.core.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
 from specflow.core.fsio import atomic_write
+from specflow.core.records import Measurement
+from specflow.core.requests import Interval, LevelRequests, agreement, analyze_requests
 from specflow.core.rounds import Round, ScheduleCheck
 
 
@@ -161,7 +163,29 @@ def plot_speedup_vs_concurrency(result: ClassResult, path: Path, margin: float) 
     return _save(fig, path)
 
 
-def plot_all(analysis: Analysis, out_dir: str | Path) -> list[Path]:
+def plot_request_acceptance(levels: Sequence[LevelRequests], path: Path) -> Path | None:
+    """One class: the distribution of per-request acceptance length of each speculative engine,
+    one panel per concurrency level (None when no request carried its acceptance)."""
+    levels = [lv for lv in levels if lv.acceptance]
+    if not levels:
+        return None
+    fig, axes = _figure(len(levels), f"{levels[0].traffic_class}: acceptance length per request")
+    for ax, lv in zip(axes, levels, strict=True):
+        top = max(max(v) for v in lv.acceptance.values())
+        bins = np.linspace(1.0, max(top, 1.5), 21)
+        for engine, values in sorted(lv.acceptance.items()):
+            ax.hist(values, bins=bins, histtype="step", linewidth=1.5,
+                    label=f"{engine} (n={len(values)})")
+        ax.set_title(f"c={lv.concurrency}")
+        ax.set_xlabel("tokens per verify step (1 + accepted / steps)")
+        ax.set_ylabel("requests")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_all(analysis: Analysis, out_dir: str | Path,
+             requests: Sequence[LevelRequests] = ()) -> list[Path]:
     """Every plot of an analysis, written under out_dir."""
     out = Path(out_dir)
     margin = float(analysis.settings["margin"])
@@ -175,6 +199,11 @@ def plot_all(analysis: Analysis, out_dir: str | Path) -> list[Path]:
     for r in analysis.classes:
         paths.append(plot_speedup_vs_concurrency(
             r, out / f"speedup_vs_concurrency-{_slug(r.traffic_class)}.png", margin))
+        mine = [lv for lv in requests if lv.traffic_class == r.traffic_class]
+        acc = plot_request_acceptance(mine, out / f"request_acceptance-"
+                                      f"{_slug(r.traffic_class)}.png")
+        if acc is not None:
+            paths.append(acc)
     return paths
 
 
@@ -212,8 +241,42 @@ def _settings_line(analysis: Analysis) -> str:
     )
 
 
-def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], base: Path
-                   ) -> list[str]:
+def _ci(x: Interval | None, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    if pct:
+        return f"{x.value:+.1%} [{x.lo:+.1%}, {x.hi:+.1%}]"
+    return f"{x.value:.3f} [{x.lo:.3f}, {x.hi:.3f}]"
+
+
+def _requests_section(lv: LevelRequests) -> list[str]:
+    """Per-request acceptance and speedup by prompt length at one concurrency level."""
+    lines = ["", f"### Per request, by prompt length (c={lv.concurrency})", "",
+             "Each request paired with the same prompt on the baseline; CIs resample requests. "
+             "Speedup is the baseline's time per output token over the engine's.", "",
+             "| engine | prompt tokens | requests | acceptance length [CI] | speedup [CI] |",
+             "|---|---|---|---|---|"]
+    for row in lv.rows:
+        lines.append(f"| {row.engine} | {row.bucket} | {row.requests} | "
+                     f"{_ci(row.acceptance_length)} | {_ci(row.speedup)} |")
+    if lv.best:
+        lines += ["", "Best by prompt length: " + ", ".join(
+            f"{b}: `{e}`" for b, e in lv.best.items()) + "."]
+    if lv.keyed_gain is not None:
+        lines.append(f"**The best engine differs by prompt length.** Serving each length with "
+                     f"its own best would change time per output token by "
+                     f"{_ci(lv.keyed_gain, pct=True)} against `{lv.single_best}` alone on the "
+                     "same requests (chosen on these data, so optimistic; vLLM 0.32 keys N on "
+                     "batch size only: a length-keyed schedule would need a router or a vLLM "
+                     "change).")
+    elif lv.single_best:
+        lines.append(f"The same engine is best at every prompt length (`{lv.single_best}`): "
+                     "a length-keyed schedule would not pay here.")
+    return lines
+
+
+def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], base: Path,
+                   requests: Sequence[LevelRequests] = ()) -> list[str]:
     dep = r.deployment
     lines = [f"## Traffic class `{r.traffic_class}`", ""]
     if dep.outcome == "off":
@@ -260,8 +323,12 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
         for p in failed:
             what = ", ".join(f"{k} x{v}" for k, v in p.failures.items())
             lines.append(f"| {p.engine} | {p.workload} | {p.concurrency} | {p.n_ok} | {what} |")
+    for lv in requests:
+        if lv.traffic_class == r.traffic_class:
+            lines += _requests_section(lv)
     workloads = {p.workload for p in analysis.points if p.traffic_class == r.traffic_class}
-    stems = {f"speedup_vs_concurrency-{_slug(r.traffic_class)}"} | {
+    stems = {f"speedup_vs_concurrency-{_slug(r.traffic_class)}",
+             f"request_acceptance-{_slug(r.traffic_class)}"} | {
         f"{kind}-{_slug(w)}" for w in workloads for kind in ("throughput_vs_n", "acceptance")}
     mine = [p for p in plots if p.stem in stems]
     if mine:
@@ -299,9 +366,16 @@ def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None
 
 def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("."),
              rounds: Sequence[Round] = (),
-             schedules: Mapping[str, ScheduleCheck] | None = None) -> str:
+             schedules: Mapping[str, ScheduleCheck] | None = None,
+             measurements: Sequence[Measurement] = ()) -> str:
     """The Markdown report (plot links relative to `base`)."""
     lines = ["# specflow decision report", "", _settings_line(analysis), ""]
+    agree, total, diffs = agreement(measurements)
+    if total:
+        lines += [f"Per-request acceptance (from each response) agrees with the /metrics "
+                  f"counters in {agree} of {total} speculative windows"
+                  + (f"; differences: {'; '.join(diffs[:5])}" if diffs else "") + ".", ""]
+    requests = analyze_requests(measurements)
     lines += rounds_table(rounds, {v.engine_hash: v.engine for r in analysis.classes
                                    for d in r.decisions for v in d.candidates})
     for cls, check in sorted((schedules or {}).items()):
@@ -315,17 +389,19 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
         lines += ["Refused by the headroom check: "
                   + ", ".join(f"`{h}`" for h in analysis.headroom_refused) + ".", ""]
     for r in analysis.classes:
-        lines += _class_section(r, analysis, plots, base)
+        lines += _class_section(r, analysis, plots, base, requests)
     return "\n".join(lines)
 
 
 def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md",
                  rounds: Sequence[Round] = (),
-                 schedules: Mapping[str, ScheduleCheck] | None = None) -> ReportFiles:
-    """Write every plot and the Markdown report under out_dir; returns their paths."""
+                 schedules: Mapping[str, ScheduleCheck] | None = None,
+                 measurements: Sequence[Measurement] = ()) -> ReportFiles:
+    """Write every plot and the Markdown report under out_dir; returns their paths.
+    `measurements` (the sweep's windows) add the per-request view where they kept requests."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = plot_all(analysis, out)
+    plots = plot_all(analysis, out, analyze_requests(measurements))
     path = out / name
-    atomic_write(path, markdown(analysis, plots, out, rounds, schedules or {}))
+    atomic_write(path, markdown(analysis, plots, out, rounds, schedules or {}, measurements))
     return ReportFiles(path, tuple(plots))

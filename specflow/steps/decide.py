@@ -95,7 +95,8 @@ def decide(ctx: Context) -> Outcome:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
     files = report.write_report(result, ctx.workdir / "report",
                                 rounds=progress.rounds if progress is not None else (),
-                                schedules=progress.schedules if progress is not None else {})
+                                schedules=progress.schedules if progress is not None else {},
+                                measurements=ctx.ledger.measurements())
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     if progress is not None:

@@ -362,6 +362,11 @@ def test_baseline_runs_all_windows_on_one_engine(baseline: dict[str, list[Measur
         result = _bench_result(m)
         assert m.output_throughput == result["output_throughput"] > 0
         assert "spec_decode_num_drafts" not in result
+        # every request, in dataset order: lengths, latency; no acceptance without a drafter
+        assert [(r.prompt_tokens, r.output_tokens) for r in m.requests] == list(zip(
+            result["input_lens"], result["output_lens"], strict=True))
+        assert len(m.requests) == PROMPTS and all(
+            r.spec_steps is None and r.tpot_s and r.tpot_s > 0 for r in m.requests)
     assert ms[0].prompt_hash == ms[1].prompt_hash
 
 
@@ -463,6 +468,23 @@ def test_bench_acceptance_equals_metrics_deltas_exactly(
         assert result["spec_decode_acceptance_length"] == m.mean_acceptance_length
         assert result["spec_decode_per_position_acceptance_rates"] == \
             list(m.per_position_acceptance)
+        # each request in dataset order, its lengths and latency from bench's detailed result
+        assert [r.prompt_tokens for r in m.requests] == result["input_lens"]
+        assert [r.output_tokens for r in m.requests] == result["output_lens"]
+        check = counters["per_request"]
+        if m in derived:  # `vllm bench serve` processes: no tap, said, not guessed
+            assert check["with_metrics"] == 0 and "agrees" not in check
+            assert all(r.spec_steps is None for r in m.requests)
+            continue
+        # the driver read every request's own acceptance from its response, and the sums of
+        # the per-request metrics are exactly the window's /metrics deltas
+        assert check == {"requests": len(m.requests), "with_metrics": len(m.requests),
+                         "sums": {"num_drafts": m.num_drafts, "draft_tokens": m.draft_tokens,
+                                  "accepted_tokens": m.accepted_tokens},
+                         "difference": {}, "agrees": True}
+        assert all(1.0 <= r.acceptance_length <= 1 + m.num_speculative_tokens
+                   for r in m.requests if r.spec_steps)
+        assert Path(m.artifacts["per_request"]).is_file()
 
 
 @pytest.mark.engine

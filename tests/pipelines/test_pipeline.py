@@ -127,7 +127,18 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
     series = client.get_metric_history(spec_child.info.run_id, "acceptance_per_position")
     assert [(m.step, m.value) for m in sorted(series, key=lambda m: m.step)] == [(0, 1.0), (1, 1.0)]
     names = {a.path for a in client.list_artifacts(spec_child.info.run_id)}
-    assert {"speculative_config.json", "serve_argv.json", "measurement.json"} <= names
+    assert {"speculative_config.json", "serve_argv.json", "measurement.json",
+            "per_request.jsonl"} <= names
+    # per request, from each response: the copy drafter accepts every draft of every request
+    spec_windows = [m for m in ledger.measurements() if m.method == "draft_model"]
+    assert all(len(m.requests) == 4 and all(r.spec_steps and r.accepted == r.drafted
+                                            and 1.0 < r.acceptance_length <= 3.0
+                                            for r in m.requests) for m in spec_windows)
+    report = next((tmp_path / "work").rglob("report/report.md")).read_text()
+    assert "agrees with the /metrics counters in 2 of 2 speculative windows" in report
+    assert "### Per request, by prompt length (c=1)" in report
+    assert "report/request_acceptance-chat.png" in {
+        a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "plan.json", "pins.json", "report"} <= parent_files
     # what the band deploys, charted per band across re-validations in the MLflow UI
