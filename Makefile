@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean browser
 
 setup: $(STAMP)
 
@@ -30,8 +30,17 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/vulture
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest
+
+# Headless Chromium for the MLflow UI test, from the distribution's packages (apt, as root);
+# without it that one check is skipped, saying so.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; } \
+	} || echo "no chromium (install the distribution's package): the MLflow UI check is skipped"
 
 # The pure suite: no test that needs vLLM (minutes, not tens of minutes).
 test-fast: lint

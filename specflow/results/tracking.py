@@ -71,6 +71,12 @@ EXPERIMENT_KIND = "custom_model_development"
 sweep); with it, on the runs table, where the sweep's parent and window runs are."""
 
 
+UI_VIEW = "workflowType=machine_learning"
+"""The MLflow UI's "Model training" view (runs table, model metrics) as a URL parameter."""
+MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where `mlflow ui` serves by default."""
+
+
 class Tracker:
     """A thin MLflow client for specflow's runs."""
 
@@ -102,11 +108,14 @@ class Tracker:
 
     def run_link(self, run_id: str) -> str:
         """Where a person opens the run: its page on a tracking server (an http(s) URI); for
-        a local store, the `mlflow ui` command and the run's path inside that UI."""
-        page = f"#/experiments/{self.experiment_id()}/runs/{run_id}"
+        a local store, the `mlflow ui` command and the page at its default address. The page
+        asks for MLflow's "Model training" view: MLflow 3.17's UI otherwise opens an
+        experiment on its GenAI overview whatever the experiment's tags say (the view is a
+        browser setting)."""
+        page = f"#/experiments/{self.experiment_id()}/runs/{run_id}?{UI_VIEW}"
         if self.uri.startswith(("http://", "https://")):
             return f"{self.uri.rstrip('/')}/{page}"
-        return f"mlflow ui --backend-store-uri {self.uri}, then {page}"
+        return f"mlflow ui --backend-store-uri {self.uri}, then open {MLFLOW_UI}/{page}"
 
     def _find(self, tags: dict[str, str]) -> list[Any]:
         flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())

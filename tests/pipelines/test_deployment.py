@@ -111,8 +111,9 @@ def _flow_run_shows_windows_and_the_decision(run_output: str, env: dict[str, str
     assert [(r["class"], r["band"]) for r in rows] == [("chat", "c1")]
     assert rows[0]["deploy"] in ("ngram-n2", "off (baseline)")
     assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", rows[0]["speedup [CI]"])
-    assert (f"mlflow ui --backend-store-uri sqlite:///{tmp / 'mlflow.db'}, then "
-            "#/experiments/") in artifact["description"]
+    assert (f"mlflow ui --backend-store-uri sqlite:///{tmp / 'mlflow.db'}, then open "
+            "http://127.0.0.1:5000/#/experiments/") in artifact["description"]
+    assert "?workflowType=machine_learning" in artifact["description"]
 
 
 @pytest.mark.engine

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -149,7 +153,68 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
     assert pins["vllm"] and pins["torch"] and pins["specflow"]
     assert "results: mlflow ui --backend-store-uri" in proc.stdout
     assert (tmp_path / "work").is_dir()
+    link = re.search(r"then open http://127\.0\.0\.1:5000/(\S+)", proc.stdout)
+    assert link, proc.stdout[-2000:]
     _full_artifact_disk_fails_the_window_only(tmp_path, args, models)
+    _mlflow_ui_shows_the_sweep(tmp_path, link.group(1), parent, spec_child)
+
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _page(url: str, tmp: Path, expect: Sequence[str], shot: Path | None = None) -> str:
+    """The page's text once the MLflow UI (a React app) has rendered what is expected, in
+    headless Chromium (the distribution's package; loopback only). The app fetches its data
+    and draws its charts asynchronously: each try lets the page run longer (virtual time)."""
+    argv = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--window-size=1600,1000"]
+    text = ""
+    for budget in (30_000, 60_000, 120_000, 240_000):
+        run = [*argv, f"--user-data-dir={tempfile.mkdtemp(dir=tmp)}",
+               f"--virtual-time-budget={budget}"]
+        dom = subprocess.run([*run, "--dump-dom", url], capture_output=True, text=True,
+                             timeout=300, check=True).stdout
+        text = " ".join(re.sub(r"<[^>]+>", " ", re.sub(
+            r"<script.*?</script>|<style.*?</style>", " ", dom, flags=re.S)).split())
+        if all(e in text for e in expect):
+            if shot is not None:
+                subprocess.run([*run, f"--screenshot={shot}", url], capture_output=True,
+                               timeout=300, check=True)
+            break
+    return text
+
+
+def _mlflow_ui_shows_the_sweep(tmp: Path, page: str, parent, child) -> None:  # noqa: ANN001
+    """The real MLflow UI on the sweep's store, in a real browser: the link specflow printed
+    opens the parent run; the experiment opens on the runs table with the parent and all its
+    windows; a window's page charts its per-position acceptance as a step series."""
+    if BROWSER is None:
+        pytest.skip("no chromium: `make test` installs Debian's chromium (apt-get, as root)")
+    runs = _all_runs(tmp)
+    server = MlflowServer(tmp, store=f"sqlite:///{tmp / 'mlflow.db'}")
+    server.start()
+    try:
+        shots = tmp / "screenshots"
+        shots.mkdir()
+        opened = _page(f"{server.uri}/{page}", tmp, [parent.info.run_name, "Model metrics"])
+        assert parent.info.run_name in opened and "Model metrics" in opened, opened[:2000]
+        exp = parent.info.experiment_id
+        count = f"{len(runs)} matching runs"  # the parent and its windows
+        table = _page(f"{server.uri}/#/experiments/{exp}/runs?workflowType=machine_learning",
+                      tmp, ["Runs - Experiment", parent.info.run_name, count],
+                      shots / "runs.png")
+        assert "Runs - Experiment" in table and parent.info.run_name in table, table[:2000]
+        assert count in table, table[:2000]
+        metrics = _page(f"{server.uri}/#/experiments/{exp}/runs/{child.info.run_id}/"
+                        "model-metrics?workflowType=machine_learning", tmp,
+                        [child.info.run_name, "acceptance_per_position", "Step"],
+                        shots / "child.png")
+        assert child.info.run_name in metrics and "acceptance_per_position" in metrics
+        assert "Step" in metrics, metrics[:2000]  # charted against its step: positions 0..N-1
+        assert (shots / "runs.png").stat().st_size > 10_000
+    finally:
+        server.kill()
 
 
 def _full_artifact_disk_fails_the_window_only(tmp: Path, args: list[str], models: Path) -> None:
@@ -259,16 +324,17 @@ class MlflowServer:
     """A real `mlflow server` on loopback (sqlite store in a temp dir) that can be killed and
     started again on the same port and store."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, store: str | None = None) -> None:
         self.tmp, self.port, self.proc = tmp, _closed_port(), None
         self.uri = f"http://127.0.0.1:{self.port}"
+        self.store = store or f"sqlite:///{tmp / 'mlflow-server.db'}"
 
     def start(self) -> None:
         log = open(self.tmp / "mlflow-server.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
              str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.tmp / 'mlflow-server.db'}",
+             "--backend-store-uri", self.store,
              "--default-artifact-root", (self.tmp / "server-artifacts").as_uri()],
             cwd=self.tmp, env=_env(self.tmp), stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 180

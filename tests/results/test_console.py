@@ -27,8 +27,8 @@ def _summary() -> dict:
     return {"table": table, "problems": [], "ok": 30, "points": 30, "missing": [],
             "promotions": [], "report": None, "tracking_uri": "sqlite:///m.db",
             "tracking_error": None, "experiment": "e", "parent_run_id": "abc",
-            "run_link": "mlflow ui --backend-store-uri sqlite:///m.db, then "
-                        "#/experiments/1/runs/abc"}
+            "run_link": "mlflow ui --backend-store-uri sqlite:///m.db, then open "
+                        "http://127.0.0.1:5000/#/experiments/1/runs/abc"}
 
 
 def test_decision_lines_name_what_each_band_deploys() -> None:
@@ -51,8 +51,8 @@ def test_a_narrow_console_never_splits_a_band_or_its_interval(width: int) -> Non
     assert any(line.startswith("  runner-up: ngram-n4: ") and CI.search(line)
                for line in text.splitlines())
     assert "│" not in text  # no table borders to wrap
-    assert "results: mlflow ui --backend-store-uri sqlite:///m.db, then #/experiments/1/runs/abc" \
-        in text
+    assert ("results: mlflow ui --backend-store-uri sqlite:///m.db, then open "
+            "http://127.0.0.1:5000/#/experiments/1/runs/abc") in text
 
 
 def test_a_wide_console_gets_the_table() -> None:
