@@ -24,21 +24,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from specflow.core.analysis import Estimate
 from specflow.core.records import Measurement, RequestStats
 
 SAMPLES = 2000
 """Bootstrap resamples of the requests."""
-
-
-@dataclass(frozen=True)
-class Interval:
-    value: float
-    lo: float
-    hi: float
 
 
 @dataclass(frozen=True)
@@ -58,9 +52,9 @@ class EngineBucket:
     engine: str
     bucket: str
     requests: int
-    acceptance_length: Interval | None
+    acceptance_length: Estimate | None
     """Mean acceptance length of the bucket's requests (None: no per-request metrics)."""
-    speedup: Interval | None
+    speedup: Estimate | None
     """Baseline TPOT / this engine's TPOT over the bucket's paired requests."""
 
 
@@ -76,7 +70,7 @@ class LevelRequests:
     """Best engine per bucket label, by speedup (point estimate)."""
     single_best: str | None
     """Best engine over all buckets together."""
-    keyed_gain: Interval | None
+    keyed_gain: Estimate | None
     """Length-keyed choice / single best - 1 (None when one engine is best everywhere)."""
     acceptance: dict[str, tuple[float, ...]]
     """Per engine, every request's acceptance length (the distribution plotted)."""
@@ -93,14 +87,14 @@ def buckets(tokens: Sequence[int]) -> tuple[Bucket, ...]:
                  for lo, hi in zip(bounds, bounds[1:], strict=False))
 
 
-def _interval(boot: np.ndarray, value: float, confidence: float) -> Interval:
+def _interval(boot: np.ndarray, value: float, confidence: float) -> Estimate:
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(boot, [tail, 100 - tail])
-    return Interval(value, float(lo), float(hi))
+    return Estimate(value, float(lo), float(hi), confidence)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray, rng: np.random.Generator, confidence: float
-           ) -> Interval | None:
+           ) -> Estimate | None:
     """sum(num) / sum(den) with a CI resampling the (num, den) pairs."""
     if len(num) < 2 or den.sum() <= 0:
         return None
@@ -161,9 +155,9 @@ def analyze_level(traffic_class: str, concurrency: int, ms: Sequence[Measurement
             paired = [v for k, v in pairs[engine].items() if label[k] == b.label]
             speed = _ratio(np.array([p[0] for p in paired]), np.array([p[1] for p in paired]),
                            rng, confidence)
-            rows.append(EngineBucket(
-                engine, b.label, len(mine),
-                Interval(1 + acc.value, 1 + acc.lo, 1 + acc.hi) if acc else None, speed))
+            length = (replace(acc, value=1 + acc.value, lo=1 + acc.lo, hi=1 + acc.hi)
+                      if acc else None)  # 1 + accepted / steps
+            rows.append(EngineBucket(engine, b.label, len(mine), length, speed))
     best = {}
     for b in bks:
         ranked = [(r.speedup.value, r.engine) for r in rows
@@ -177,7 +171,7 @@ def analyze_level(traffic_class: str, concurrency: int, ms: Sequence[Measurement
 
 def _keyed_gain(pairs: dict[str, dict[Key, tuple[float, float]]], label: dict[Key, str],
                 best: dict[str, str], rng: np.random.Generator, confidence: float
-                ) -> tuple[str | None, Interval | None]:
+                ) -> tuple[str | None, Estimate | None]:
     """The single best engine over all paired requests, and what serving each bucket with its
     own best engine would gain over it: the single engine's summed TPOT over the
     length-keyed choice's, minus 1, on the requests every engine involved has."""
@@ -194,7 +188,8 @@ def _keyed_gain(pairs: dict[str, dict[Key, tuple[float, float]]], label: dict[Ke
     one = np.array([pairs[single][k][1] for k in keys])
     keyed = np.array([pairs[best.get(label[k], single)][k][1] for k in keys])
     ratio = _ratio(one, keyed, rng, confidence)
-    return single, Interval(ratio.value - 1, ratio.lo - 1, ratio.hi - 1) if ratio else None
+    return single, replace(ratio, value=ratio.value - 1, lo=ratio.lo - 1,
+                           hi=ratio.hi - 1) if ratio else None
 
 
 def analyze_requests(ms: Sequence[Measurement], confidence: float = 0.95, seed: int = 0

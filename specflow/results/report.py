@@ -17,10 +17,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from specflow.core.analysis import Analysis, ClassResult, PointSpeedup, PointStats, decision_rows
+from specflow.core.analysis import (
+    Analysis,
+    ClassResult,
+    Estimate,
+    PointSpeedup,
+    PointStats,
+    decision_rows,
+)
 from specflow.core.fsio import atomic_write
 from specflow.core.records import Measurement
-from specflow.core.requests import Interval, LevelRequests, agreement, analyze_requests
+from specflow.core.requests import LevelRequests, agreement, analyze_requests
 from specflow.core.rounds import Round, ScheduleCheck
 
 
@@ -241,7 +248,7 @@ def _settings_line(analysis: Analysis) -> str:
     )
 
 
-def _ci(x: Interval | None, pct: bool = False) -> str:
+def _ci(x: Estimate | None, pct: bool = False) -> str:
     if x is None:
         return "-"
     if pct:
