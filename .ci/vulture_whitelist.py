@@ -59,3 +59,6 @@ _.events
 _.fraction
 # bench/decision_quality.py Figures: fields that reach the JSON line through asdict.
 _.wrong_count
+# RequestStats fields kept with each request for people and later analyses (the ledger record,
+# measurement.json): the first token's latency.
+_.ttft_s

@@ -60,11 +60,11 @@ class RequestStats:
             self.accepted is not None else None
 
     @property
-    def tpot_s(self) -> float | None:
-        """Time per output token after the first."""
-        if self.output_tokens < 2 or self.latency_s <= self.ttft_s:
-            return None
-        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+    def s_per_token(self) -> float | None:
+        """Request latency per output token (end to end). Not TPOT from the streamed chunks'
+        times: the CPU engine delivers some streams in one burst, which makes that near 0."""
+        return self.latency_s / self.output_tokens if self.output_tokens and \
+            self.latency_s > 0 else None
 
 
 @dataclass(frozen=True)

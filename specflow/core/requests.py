@@ -8,9 +8,10 @@ and concurrency level this module
   buckets where lengths repeat);
 - per speculative engine and bucket, estimates the mean acceptance length (1 + accepted /
   verify steps, pooled over the bucket's requests) with a CI that resamples requests;
-- per engine and bucket, estimates the speedup on time per output token against the baseline,
-  pairing each request with the same prompt (same workload, concurrency and dataset position)
-  on the baseline: sum of the baseline's TPOT over the bucket / sum of the engine's, with a CI
+- per engine and bucket, estimates the speedup on request latency per output token against the
+  baseline, pairing each request with the same prompt (same workload, concurrency and dataset
+  position) on the baseline: the baseline's summed time per token over the bucket / the
+  engine's, with a CI
   that resamples the pairs;
 - names the best engine per bucket and, where it differs between buckets, what a length-keyed
   choice (each bucket served by its own best engine) would gain over the single best engine on
@@ -55,7 +56,7 @@ class EngineBucket:
     acceptance_length: Estimate | None
     """Mean acceptance length of the bucket's requests (None: no per-request metrics)."""
     speedup: Estimate | None
-    """Baseline TPOT / this engine's TPOT over the bucket's paired requests."""
+    """Baseline time per output token / this engine's, over the bucket's paired requests."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,9 @@ def _per_key(ms: Iterable[Measurement]) -> dict[str, dict[Key, list[RequestStats
     return out
 
 
-def _mean_tpot(rs: Sequence[RequestStats]) -> float | None:
-    values = [r.tpot_s for r in rs if r.tpot_s]
+def _per_token(rs: Sequence[RequestStats]) -> float | None:
+    """A request's latency per output token, averaged over the engine's repeats of it."""
+    values = [t for r in rs if (t := r.s_per_token)]
     return float(np.mean(values)) if values else None
 
 
@@ -132,8 +134,8 @@ def analyze_level(traffic_class: str, concurrency: int, ms: Sequence[Measurement
     bks = buckets(list(tokens.values()))
     label = {k: next(b.label for b in bks if b.holds(t)) for k, t in tokens.items()}
     baseline = next((m.engine for m in ok if m.method == "none"), None)
-    base_tpot = {k: t for k, rs in per.get(baseline or "", {}).items()
-                 if (t := _mean_tpot(rs)) is not None}
+    base_time = {k: t for k, rs in per.get(baseline or "", {}).items()
+                 if (t := _per_token(rs)) is not None}
     rng = np.random.default_rng([seed, concurrency])
     rows, acceptance = [], {}
     pairs: dict[str, dict[Key, tuple[float, float]]] = {}
@@ -144,8 +146,8 @@ def analyze_level(traffic_class: str, concurrency: int, ms: Sequence[Measurement
                   if (a := r.acceptance_length) is not None]
         if accept:
             acceptance[engine] = tuple(accept)
-        pairs[engine] = {k: (base_tpot[k], t) for k, rs in by_key.items()
-                         if k in base_tpot and (t := _mean_tpot(rs)) is not None}
+        pairs[engine] = {k: (base_time[k], t) for k, rs in by_key.items()
+                         if k in base_time and (t := _per_token(rs)) is not None}
         for b in bks:
             mine = [r for k, rs in by_key.items() if label[k] == b.label for r in rs]
             spec = [r for r in mine if r.spec_steps]
@@ -173,7 +175,7 @@ def _keyed_gain(pairs: dict[str, dict[Key, tuple[float, float]]], label: dict[Ke
                 best: dict[str, str], rng: np.random.Generator, confidence: float
                 ) -> tuple[str | None, Estimate | None]:
     """The single best engine over all paired requests, and what serving each bucket with its
-    own best engine would gain over it: the single engine's summed TPOT over the
+    own best engine would gain over it: the single engine's summed time per token over the
     length-keyed choice's, minus 1, on the requests every engine involved has."""
     totals = {e: sum(b for b, _ in p.values()) / sum(c for _, c in p.values())
               for e, p in pairs.items() if len(p) >= 2}

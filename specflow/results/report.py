@@ -259,8 +259,10 @@ def _ci(x: Estimate | None, pct: bool = False) -> str:
 def _requests_section(lv: LevelRequests) -> list[str]:
     """Per-request acceptance and speedup by prompt length at one concurrency level."""
     lines = ["", f"### Per request, by prompt length (c={lv.concurrency})", "",
-             "Each request paired with the same prompt on the baseline; CIs resample requests. "
-             "Speedup is the baseline's time per output token over the engine's.", "",
+             "Each request paired with the same prompt on the baseline; CIs resample requests "
+             "(the right unit for acceptance; for speedup they leave out the start-to-start "
+             "variation the decision above accounts for). Speedup is the baseline's request "
+             "latency per output token over the engine's.", "",
              "| engine | prompt tokens | requests | acceptance length [CI] | speedup [CI] |",
              "|---|---|---|---|---|"]
     for row in lv.rows:
@@ -271,7 +273,7 @@ def _requests_section(lv: LevelRequests) -> list[str]:
             f"{b}: `{e}`" for b, e in lv.best.items()) + "."]
     if lv.keyed_gain is not None:
         lines.append(f"**The best engine differs by prompt length.** Serving each length with "
-                     f"its own best would change time per output token by "
+                     f"its own best would change latency per output token by "
                      f"{_ci(lv.keyed_gain, pct=True)} against `{lv.single_best}` alone on the "
                      "same requests (chosen on these data, so optimistic; vLLM 0.32 keys N on "
                      "batch size only: a length-keyed schedule would need a router or a vLLM "
