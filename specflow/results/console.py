@@ -141,14 +141,15 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
             if row["runner-up / why not"]:
                 out.print(escape(f"  runner-up: {row['runner-up / why not']}"),
                           highlight=False, soft_wrap=True)
-    for p in summary["problems"]:
-        out.print(f"[yellow]no decision:[/] {escape(p)}")
+    for p in summary["problems"]:  # one line each, also in a log (no wrapping)
+        out.print(f"[yellow]no decision:[/] {escape(p)}", soft_wrap=True)
     out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
               f"missing {len(summary['missing'])}")
     for p in summary["promotions"]:
-        out.print(escape(f"{p['status']} {p['traffic_class']}: {p['path']}"))
+        out.print(escape(f"{p['status']} {p['traffic_class']}: {p['path']}"), soft_wrap=True)
     if summary["report"]:
-        out.print(escape(f"report (every candidate, plots): {summary['report']}"))
+        out.print(escape(f"report (every candidate, plots): {summary['report']}"),
+                  soft_wrap=True)
     uri = summary["tracking_uri"]
     if summary["tracking_error"]:
         out.print(f"[yellow]MLflow was unreachable ({escape(summary['tracking_error'])}); "

@@ -13,6 +13,9 @@ from specflow.core.schema import PromoteSpec
 from specflow.results.console import NARROW, decision_lines, print_outcome
 from tests.builders import Cand, engine, sweep
 
+LONG = ("chat: the emitted schedule [[1, 3, 4], [4, 4, 0]] is not promoted: it was not measured "
+        "as one engine (the budget ran out before it)")
+PATH = "/work/main/.specflow/sweeps/ccb4068616fbe85e/report/report.md"
 CI = re.compile(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]")
 
 
@@ -24,8 +27,8 @@ def _summary() -> dict:
                            rng=np.random.default_rng(0))
     result = analyze(records, PromoteSpec(), closing_baseline=close)
     table = [row for r in result.classes for row in decision_rows(r)]
-    return {"table": table, "problems": [], "ok": 30, "points": 30, "missing": [],
-            "promotions": [], "report": None, "tracking_uri": "sqlite:///m.db",
+    return {"table": table, "problems": [LONG], "ok": 30, "points": 30, "missing": [],
+            "promotions": [], "report": PATH, "tracking_uri": "sqlite:///m.db",
             "tracking_error": None, "experiment": "e", "parent_run_id": "abc",
             "run_link": "mlflow ui --backend-store-uri sqlite:///m.db, then open "
                         "http://127.0.0.1:5000/#/experiments/1/runs/abc"}
@@ -51,6 +54,8 @@ def test_a_narrow_console_never_splits_a_band_or_its_interval(width: int) -> Non
     assert any(line.startswith("  runner-up: ngram-n4: ") and CI.search(line)
                for line in text.splitlines())
     assert "│" not in text  # no table borders to wrap
+    # every other line whole too: a long problem, the report's path
+    assert "no decision: " + LONG in text and f"report (every candidate, plots): {PATH}" in text
     assert ("results: mlflow ui --backend-store-uri sqlite:///m.db, then open "
             "http://127.0.0.1:5000/#/experiments/1/runs/abc") in text
 
