@@ -208,21 +208,30 @@ def analyze_requests(ms: Sequence[Measurement], confidence: float = 0.95, seed: 
     return out
 
 
+def request_sums(requests: Iterable[RequestStats]) -> dict[str, int] | None:
+    """The per-request metrics summed and named as the window's counters (`num_drafts`,
+    `draft_tokens`, `accepted_tokens`); None when no request carried them."""
+    read = [r for r in requests if r.spec_steps is not None]
+    if not read:
+        return None
+    return {"num_drafts": sum(r.spec_steps or 0 for r in read),
+            "draft_tokens": sum(r.drafted or 0 for r in read),
+            "accepted_tokens": sum(r.accepted or 0 for r in read)}
+
+
 def agreement(ms: Iterable[Measurement]) -> tuple[int, int, list[str]]:
     """Speculative windows whose per-request sums equal their /metrics deltas: (agreeing,
     windows with per-request metrics, a line per difference)."""
     agree, total, diffs = 0, 0, []
     for m in ms:
-        read = [r for r in m.requests if r.spec_steps is not None]
-        if not m.ok or not read or m.num_drafts is None:
+        sums = request_sums(m.requests)
+        if not m.ok or sums is None or m.num_drafts is None:
             continue
         total += 1
-        got = (sum(r.spec_steps or 0 for r in read), sum(r.drafted or 0 for r in read),
-               sum(r.accepted or 0 for r in read))
-        want = (m.num_drafts, m.draft_tokens, m.accepted_tokens)
-        if got == want:
+        counted = {"num_drafts": m.num_drafts, "draft_tokens": m.draft_tokens,
+                   "accepted_tokens": m.accepted_tokens}
+        if sums == counted:
             agree += 1
         else:
-            diffs.append(f"{m.key.id}: drafts/draft tokens/accepted {got} per request vs "
-                         f"{want} counted")
+            diffs.append(f"{m.key.id}: per request {sums} vs counted {counted}")
     return agree, total, diffs

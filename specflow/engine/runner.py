@@ -34,6 +34,7 @@ from specflow.core.records import (
     PointKey,
     RequestStats,
 )
+from specflow.core.requests import request_sums
 from specflow.core.schema import EndpointBackend, LocalBackend, WorkloadSpec
 from specflow.engine import metrics
 from specflow.engine.loadgen import (
@@ -335,12 +336,11 @@ def per_request_check(requests: Sequence[RequestStats], delta: metrics.SpecCount
                       ) -> dict[str, Any]:
     """Per-request sums against the /metrics deltas of the window: they must agree, or the
     difference is reported (never a failed window: the counters are the reference)."""
-    read = [r for r in requests if r.spec_steps is not None]
-    sums = {"num_drafts": sum(r.spec_steps or 0 for r in read),
-            "draft_tokens": sum(r.drafted or 0 for r in read),
-            "accepted_tokens": sum(r.accepted or 0 for r in read)}
-    out: dict[str, Any] = {"requests": len(requests), "with_metrics": len(read), "sums": sums}
-    if delta is not None and read:
+    sums = request_sums(requests)
+    out: dict[str, Any] = {"requests": len(requests),
+                           "with_metrics": sum(r.spec_steps is not None for r in requests),
+                           "sums": sums}
+    if delta is not None and sums is not None:
         diff = {k: v - getattr(delta, k) for k, v in sums.items() if v != getattr(delta, k)}
         out["difference"] = diff
         out["agrees"] = not diff
