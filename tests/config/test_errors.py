@@ -450,7 +450,7 @@ _OVERRIDE = st.one_of(
 )
 
 
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(overrides=st.lists(_OVERRIDE, max_size=4))
 def test_random_overrides_never_raise(overrides: list[str],

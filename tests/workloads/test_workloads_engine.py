@@ -8,14 +8,13 @@ import pytest
 
 from specflow import workloads
 from specflow.config.compose import load_plan
-from specflow.demo import tiny
 from specflow.engine.runner import plan_windows, run_engine
 
 
 @pytest.mark.engine
-def test_ngram_acceptance_differs_between_traffic_classes(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    tiny.build_all(models)
+def test_ngram_acceptance_differs_between_traffic_classes(tmp_path: Path, tiny_models: Path
+                                                         ) -> None:
+    models = tiny_models  # built once per session
     loaded, plan = load_plan([
         "experiment=cpu_demo", f"paths.models={models}", "drafter=[ngram]",
         "sweep.include_baseline=false", "+sweep.num_speculative_tokens.ngram=[3]",
