@@ -103,27 +103,29 @@ def _print_cfg(overrides: list[str], which: str) -> int:
     return 0
 
 
-def _probe_plan(loaded: Loaded, plan: SweepPlan, flags: Flags) -> None:
-    """Reject what the installed vLLM does not know; warn (not fail) when vLLM is absent."""
+def _checked_plan(overrides: list[str], flags: Flags) -> tuple[Loaded, SweepPlan]:
+    """The validated config and plan; SpecError for anything invalid, including what the
+    installed vLLM does not know (a warning, not a failure, when vLLM is absent)."""
+    from specflow.config.compose import load_plan
+
+    loaded, plan = load_plan(overrides)
     if flags.get("no_probe"):
-        return
+        return loaded, plan
     from specflow.engine import probe
 
     try:
         facts = probe.facts(loaded.spec.backend.vllm_command)
     except probe.ProbeError as exc:
         err.print(f"[yellow]warning:[/] installed-vLLM check skipped: {escape(str(exc))}")
-        return
+        return loaded, plan
     problems = probe.check_plan(facts, plan.engine_configs)
     if problems:
         raise SpecError(problems)
+    return loaded, plan
 
 
 def cmd_compile(overrides: list[str], flags: Flags) -> int:
-    from specflow.config.compose import load_plan
-
-    loaded, plan = load_plan(overrides)
-    _probe_plan(loaded, plan, flags)
+    _, plan = _checked_plan(overrides, flags)
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
@@ -173,12 +175,10 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     """The main job: the whole sweep as a Prefect flow, with a live progress display."""
     import time
 
-    from specflow.config.compose import load_plan
     from specflow.results.console import SweepProgress, print_outcome
 
     overrides = default_overrides(overrides)
-    loaded, plan = load_plan(overrides)  # invalid input: exit 2 before Prefect starts
-    _probe_plan(loaded, plan, flags)
+    loaded, plan = _checked_plan(overrides, flags)  # invalid input: exit 2 before Prefect starts
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     _orchestration_env()
@@ -317,12 +317,11 @@ def combinations(overrides: list[str]) -> list[tuple[list[str], list[str]]]:
 
 def _check(command: str, overrides: list[str], flags: Flags) -> None:
     """Raise SpecError if `command` would refuse these overrides (nothing is started)."""
-    from specflow.config.compose import load, load_plan
+    from specflow.config.compose import load
 
     if command in ("run", "compile"):
-        loaded, plan = load_plan(default_overrides(overrides, say=False)
-                                 if command == "run" else overrides)
-        _probe_plan(loaded, plan, flags)
+        _checked_plan(default_overrides(overrides, say=False) if command == "run" else overrides,
+                      flags)
     else:
         load(overrides)
 
