@@ -161,6 +161,34 @@ def free_port(host: str, exclude: Sequence[int] = ()) -> int:
     raise OSError(f"no free port on {host} outside {list(exclude)}")
 
 
+_KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: ([\d,]+) tokens")
+_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+
+
+@dataclass(frozen=True)
+class ReportedKv:
+    """The KV cache an engine start reported in its log (what the memory model estimates)."""
+
+    tokens: int
+    """vLLM's "KV cache size: N tokens"."""
+    available_gib: float | None
+    """vLLM's "Available KV cache memory: X GiB" (GPU workers), else None."""
+
+
+def reported_kv(log: Path) -> ReportedKv | None:
+    """The first KV capacity a server log reports, or None where it reports none (yet)."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    found = _KV_LINE.search(text)
+    if found is None:
+        return None
+    memory = _KV_MEMORY.search(text)
+    return ReportedKv(int(found.group(1).replace(",", "")),
+                      float(memory.group(1)) if memory else None)
+
+
 def tail(path: Path, start: int = 0, lines: int = LOG_TAIL_LINES) -> str:
     """The last `lines` lines of a log file from byte offset `start` on."""
     try:

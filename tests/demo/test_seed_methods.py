@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -31,11 +30,11 @@ from specflow.core.memory import arch_from_config, arch_from_dir, headroom
 from specflow.core.records import Measurement
 from specflow.demo import tiny
 from specflow.engine.runner import plan_windows, run_engine
+from specflow.engine.server import reported_kv
 from specflow.results.ledger import Ledger
 from tests.conftest import run_cli
 
 OVERLAY = "experiment=cpu_seed_methods"
-KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 
 SEED_TARGETS = {  # conf/target entry -> tiny kind it serves
     "tiny_mimo_mtp": "mimo_mtp1", "tiny_mimo_mtp2": "mimo_mtp2",
@@ -374,9 +373,9 @@ def test_random_drafters_run_and_record_their_counters(runs: Runs) -> None:
 
 
 def _logged_kv_tokens(log: Path) -> int:
-    found = KV_LINE.search(log.read_text(errors="replace"))
+    found = reported_kv(log)
     assert found, f"no KV cache line in {log}"
-    return int(found.group(1).replace(",", ""))
+    return found.tokens
 
 
 @pytest.mark.engine

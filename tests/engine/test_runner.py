@@ -49,6 +49,7 @@ from specflow.engine.server import (
     http_get,
     pid_alive,
     redact_argv,
+    reported_kv,
     served_model_name,
     tokenizer_of,
 )
@@ -500,13 +501,12 @@ def test_readiness_timeout_is_a_hang(setup: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- headroom
 
-KV_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size: ([\d,]+) tokens")
 
 
 def _logged_kv_tokens(log: Path) -> int:
-    found = KV_LINE.search(log.read_text(errors="replace"))
+    found = reported_kv(log)
     assert found, f"no KV cache line in {log}"
-    return int(found.group(1).replace(",", ""))
+    return found.tokens
 
 
 def _kv_tokens_at_start(argv: list[str], log: Path, timeout: float = 300) -> int:
@@ -517,7 +517,7 @@ def _kv_tokens_at_start(argv: list[str], log: Path, timeout: float = 300) -> int
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
-            if KV_LINE.search(log.read_text(errors="replace")):
+            if reported_kv(log) is not None:
                 return _logged_kv_tokens(log)
             time.sleep(0.5)
         return _logged_kv_tokens(log)
