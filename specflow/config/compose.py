@@ -184,7 +184,8 @@ def walk(loc: Sequence[str | int], root: type[BaseModel] = Spec) -> tuple[list[s
             tp = members[0]
         origin = typing.get_origin(tp)
         if origin in (typing.Union, types.UnionType):  # str | int | ...: pydantic names the member
-            by_name = {getattr(a, "__name__", str(a)): a for a in typing.get_args(tp)}
+            by_name = {name: a for a in typing.get_args(tp)  # int, list[float]
+                       for name in {getattr(a, "__name__", str(a)), str(a)}}
             if part in by_name:
                 tp = by_name[part]
                 i += 1
@@ -353,6 +354,10 @@ def problems_from_validation(err: ValidationError, sources: Sources | None = Non
         if out and out[-1].path == problem.path and e["type"] != "extra_forbidden" \
                 and len(walk(loc, root)[0]) < len(loc):
             out[-1] = _either(out[-1], problem)  # one value against each member of a union
+            continue
+        if out and out[-1].problem == "wrong type" and problem.path.startswith(
+                out[-1].path + "[") and len(walk(loc, root)[0]) < len(loc):
+            out[-1] = problem  # the list member of a union took the value: its item is wrong
             continue
         out.append(problem)
     return out

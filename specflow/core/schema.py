@@ -269,8 +269,10 @@ class DrafterSpec(_Model):
     confidence) as a sweep axis, like N: `[false]` fixed N only, `[false, true]` both
     (engines `<drafter>-n<N>` and `<drafter>-n<N>-adaptive`), `[true]` adaptive only; true
     needs a method the installed vLLM verifies adaptively, on a GPU."""
-    extra_speculative_config: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Further --speculative-config keys, passed as they are (checked by the installed vLLM)."""
+    extra_speculative_config: dict[str, str | int | float | bool | list[float]] = Field(
+        default_factory=dict)
+    """Further --speculative-config keys, passed as they are (checked by the installed vLLM);
+    `synthetic_acceptance_rates` covers the largest N and each engine gets its first N."""
 
 
 class HardwareSpec(_Model):

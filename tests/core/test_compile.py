@@ -258,3 +258,59 @@ def test_a_cpu_run_asked_to_verify_adaptively_says_so_before_starting() -> None:
     assert "drafter.ngram.adaptive_verification: the CPU engine never verifies adaptively" \
         in proc.stderr
     assert "sweep" not in proc.stdout  # refused before Prefect, an engine or a window
+
+
+# ------------------------------------------------------------ synthetic rejection sampling
+
+SYNTH = "drafter.eagle3.extra_speculative_config"
+
+
+def test_synthetic_rates_cover_the_largest_n_and_each_engine_gets_its_first_n() -> None:
+    _, plan = load_plan(["experiment=gpu_check"])
+    rates = [0.75, 0.55, 0.40, 0.29, 0.21, 0.16, 0.13]
+    got = {e.name: e.speculative_config for e in plan.engine_configs if e.speculative_config}
+    for n in range(1, 8):
+        cfg = got[f"eagle3-n{n}"]
+        assert cfg["rejection_sample_method"] == "synthetic"
+        assert cfg["synthetic_acceptance_rates"] == rates[:n]
+    assert got["draft_model-n3"]["synthetic_acceptance_rates"] == [0.60, 0.40, 0.27]
+    # one acceptance length for every N is passed as it is
+    _, plan = load_plan(["experiment=gpu_check", f"~{SYNTH}.synthetic_acceptance_rates",
+                         f"+{SYNTH}.synthetic_acceptance_length=2"])
+    eagle = [e.speculative_config for e in plan.engine_configs if e.drafter == "eagle3"]
+    assert {c["synthetic_acceptance_length"] for c in eagle} == {2}
+
+
+@pytest.mark.parametrize(("overrides", "path", "problem"), [
+    (["hardware=cpu", "backend=cpu"], f"{SYNTH}.rejection_sample_method",
+     "the CPU engine has no synthetic acceptance"),
+    ([f"{SYNTH}.synthetic_acceptance_rates=[0.9,0.8]"], f"{SYNTH}.synthetic_acceptance_rates",
+     "per-position unconditional acceptance rates for every position up to the largest N"),
+    ([f"{SYNTH}.synthetic_acceptance_rates=[0.5,0.6,0.4,0.3,0.2,0.1,0.1]"],
+     f"{SYNTH}.synthetic_acceptance_rates", "per-position unconditional acceptance rates"),
+    ([f"{SYNTH}.synthetic_acceptance_rates=[1.5,0.6,0.4,0.3,0.2,0.1,0.1]"],
+     f"{SYNTH}.synthetic_acceptance_rates", "per-position unconditional acceptance rates"),
+    ([f"+{SYNTH}.synthetic_acceptance_length=2"], SYNTH, "needs exactly one of"),
+    ([f"~{SYNTH}.synthetic_acceptance_rates"], SYNTH, "needs exactly one of"),
+    ([f"~{SYNTH}.synthetic_acceptance_rates", f"+{SYNTH}.synthetic_acceptance_length=2.5"],
+     f"{SYNTH}.synthetic_acceptance_length", "within [1, N+1] of every N swept"),
+    ([f"~{SYNTH}.rejection_sample_method"], f"{SYNTH}.synthetic_acceptance_rates",
+     "only read by vLLM with rejection_sample_method: synthetic"),
+])
+def test_synthetic_rejection_sampling_is_checked_before_anything_starts(
+        overrides: list[str], path: str, problem: str) -> None:
+    with pytest.raises(SpecError) as info:
+        load_plan(["experiment=gpu_check", *overrides])
+    found = [p for p in info.value.problems if p.path == path]
+    assert found and problem in found[0].problem, info.value.problems
+
+
+def test_a_list_in_extra_speculative_config_is_checked_item_by_item() -> None:
+    with pytest.raises(SpecError) as info:
+        load_plan(["experiment=cpu_demo", "+drafter.draft_model.extra_speculative_config.x=nan",
+                   "+drafter.draft_model.extra_speculative_config.y=[1,nan]",
+                   "+drafter.draft_model.extra_speculative_config.z={a:1}"])
+    got = {p.path: p.problem for p in info.value.problems}
+    at = "drafter.draft_model.extra_speculative_config"
+    assert got == {f"{at}.x": "not a finite number", f"{at}.y[1]": "not a finite number",
+                   f"{at}.z": "wrong type"}
