@@ -22,12 +22,13 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from specflow.core import analysis, racing
+from specflow.core import analysis, predict, racing
 from specflow.core.compile import EngineConfig, with_schedule
 from specflow.core.records import Measurement, PointKey
 from specflow.core.schema import PromoteSpec
 
 Design = Literal["grid", "race"]
+Search = Literal["grid", "adaptive"]
 BandKey = tuple[str, str]
 """(traffic class, band label)."""
 
@@ -56,6 +57,11 @@ class Shape:
     engines: Mapping[str, EngineConfig] = field(default_factory=dict)
     """The plan's engine configs by key (an emitted schedule is derived from them and measured;
     empty: schedules are not measured)."""
+    search: Search = "grid"
+    """`adaptive` (racing only): the first round measures each chain drafter at its largest N
+    only; the others are predicted from it (`predict`) and measured only if they can win."""
+    chains: Mapping[str, predict.Chain] = field(default_factory=dict)
+    """Candidates an adaptive search predicts from a probe (`predict.chains`)."""
 
     @property
     def points(self) -> tuple[tuple[str, int], ...]:
@@ -201,13 +207,14 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
     """Replay the finished rounds from the records and find the round to run now."""
     recorded = {m.key.id for m in measurements}
     bands = _band_keys(shape, promote)
-    alive = tuple(h for h in shape.candidates if h not in refused)
+    held = _held_back(shape, refused)
+    alive = tuple(h for h in shape.candidates if h not in refused and h not in held)
     states: dict[BandKey, racing.BandState] = {
         k: racing.BandState(k[0], k[1], "exploring" if alive else "off", alive,
                             tuple((h, "refused by the headroom check") for h in shape.candidates
                                   if h in refused))
         for k in bands}
-    plan = _first_round(shape, alive)
+    plan = _first_round(shape, alive, held)
     rounds: list[Round] = []
     blocks: Counter[str] = Counter()
     seq, index, stage = 0, 0, plan[0][1] if plan else "explore"
@@ -215,6 +222,7 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
     checks: dict[str, ScheduleCheck] = {}
     pending: dict[str, tuple[ScheduleCheck, EngineConfig]] = {}
     derived: dict[str, EngineConfig] = {}
+    probe_rounds = 0  # 1 once the probe round added predicted contenders (not a racing round)
     while plan:
         starts = _place(plan, index, seq, blocks)
         seq += len(starts)
@@ -230,9 +238,13 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
         try:
             if stage == "schedule":
                 checks = _check_schedules(shape, promote, pending, data)
+            elif held and index == 0:
+                states, added = _after_probes(shape, promote, bands, states, decided, refused,
+                                              held)
+                probe_rounds = int(added)
             else:
                 states = _after_round(shape, promote, bands, states, decided, refused, stage,
-                                      index)
+                                      index - probe_rounds)
             stage, plan = _next_round(shape, promote, bands, states, decided, index + 1)
             if not plan and not checks and shape.engines:
                 pending = _pending_schedules(shape, promote, states, decided, refused)
@@ -377,12 +389,23 @@ def _affordable(shape: Shape, stage: racing.Stage, plan: list, total: racing.Spe
     return plan, cost(plan)
 
 
-def _first_round(shape: Shape, alive: Sequence[str]
+def _held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
+    """Candidates an adaptive search does not measure in its first round: those predicted from
+    a probe that the headroom check let start."""
+    if shape.search != "adaptive" or shape.design != "race":
+        return frozenset()
+    return frozenset(h for h, ch in shape.chains.items()
+                     if h not in refused and ch.probe not in refused)
+
+
+def _first_round(shape: Shape, alive: Sequence[str], held: frozenset[str] = frozenset()
                  ) -> list[tuple[str, racing.Stage, tuple[tuple[str, int], ...], int]]:
     """Grid: baseline, every candidate, closing baseline. Race: the same with a baseline start
-    after every `baseline_every` candidates."""
+    after every `baseline_every` candidates (an adaptive search holds back the candidates it
+    predicts from a probe)."""
     base = (shape.baseline, "explore", shape.points, shape.repeats)
-    cands = [(h, "explore", shape.points, shape.repeats) for h in shape.candidates]
+    cands = [(h, "explore", shape.points, shape.repeats) for h in shape.candidates
+             if h not in held]
     if shape.design == "grid":
         closing = ([(shape.baseline, "explore", shape.points, shape.closing_repeats)]
                    if shape.closing_repeats else [])
@@ -444,6 +467,80 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
                                          shape.budget.max_rounds)
         return out
     return _confirm_step(shape, promote, states, verdicts)
+
+
+def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                  states: dict[BandKey, racing.BandState], data: Sequence[Measurement],
+                  refused: frozenset[str], held: frozenset[str]
+                  ) -> tuple[dict[BandKey, racing.BandState], bool]:
+    """After an adaptive search's probe round: per band, predict every held-back candidate from
+    its probe and add those that can still win as contenders (measured next round, beside the
+    probes); drop the rest with their prediction. A band with nothing to add takes an ordinary
+    exploration step. Returns the states and whether any band added a contender."""
+    opening, later = split_baseline(data, shape.baseline)
+    result = analysis.analyze(opening, _fast(promote), closing_baseline=later,
+                              refused_by_headroom=refused, family="none", stage="explore")
+    verdicts = _band_estimates(result)
+    windows: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
+    for m in data:
+        windows[(m.key.engine_hash, m.key.workload, m.key.concurrency)].append(m)
+    threshold = 1 + promote.margin
+    z = float(stats.norm.isf((1 - promote.confidence) / 2))
+    out = dict(states)
+    added = False
+    for key, st in states.items():
+        if st.status != "exploring":
+            continue
+        vs = verdicts.get(key, {})
+        measured = {h: iv for h in st.contenders if (v := vs.get(h)) is not None
+                    and not _gate_reasons(v) and (iv := _interval(v)) is not None}
+        best_lo = max((iv.lo for iv in measured.values()), default=-math.inf)
+        pending, pruned = [], []
+        for h in sorted(held, key=shape.candidates.index):
+            ch = shape.chains[h]
+            iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z)
+            if iv is None:
+                pending.append(h)  # nothing to predict from: measure it
+            elif iv.hi < threshold or iv.hi < best_lo:
+                bound = threshold if iv.hi < threshold else best_lo
+                pruned.append((h, f"round 0: predicted {iv.value:.3f} [{iv.lo:.3f}, "
+                                  f"{iv.hi:.3f}] at {iv.point} from {vs[ch.probe].engine}: "
+                                  f"cannot win (upper bound < {bound:.3f}); not started"))
+            else:
+                pending.append(h)
+        if pending:
+            added = True
+            gated = [(h, f"round 0: {_gate_reasons(vs[h]) if h in vs else 'not measured'}")
+                     for h in st.contenders if h not in measured]
+            keep = tuple(h for h in shape.candidates if h in measured or h in pending)
+            out[key] = replace(st, contenders=keep, dropped=(*st.dropped, *gated, *pruned),
+                               estimates=measured)
+        else:
+            stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned)), vs,
+                                    _drift_protected(result, key, vs, data), promote, 0,
+                                    shape.budget.max_rounds)
+            out[key] = stepped
+    return out, added
+
+
+def _predicted(ch: predict.Chain, probe: analysis.Verdict | None,
+               windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
+               points: Sequence[tuple[str, int]], z: float) -> racing.Interval | None:
+    """A held-back candidate's band interval predicted from its probe (its worst point), or
+    None where the probe has no usable estimate at every point of the band."""
+    if probe is None or _gate_reasons(probe):
+        return None
+    speedups = {(s.workload, s.concurrency): (s.speedup.value, s.speedup.lo, s.speedup.hi)
+                for s in probe.speedups if (s.workload, s.concurrency) in set(points)}
+    probe_windows = {p: [m for m in windows.get((ch.probe, *p), ()) if m.stage != "schedule"]
+                     for p in speedups}
+    preds = predict.point_predictions(ch, probe_windows, speedups, z)
+    if not preds or len(preds) < len(speedups):
+        return None
+    worst = min(preds, key=lambda p: preds[p].lo)
+    return racing.Interval(preds[worst].value, preds[worst].lo,
+                           min(p.hi for p in preds.values()),
+                           f"{worst[0]} c={worst[1]}", 0)
 
 
 def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict],

@@ -8,15 +8,33 @@ the docstring under it. Derived values (engine configs, hashes, memory) are comp
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from specflow.core.errors import Problem, ProblemError, Raw, one_of
 
 PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
 """An integer >= 1 (list items: N values, concurrency levels, batch sizes), bounded so that
 the memory model's arithmetic stays finite."""
+
+_RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
+
+
+def _expand_range(value: object) -> object:
+    """`a..b` (inclusive, a <= b) as the list of its integers; anything else as it is."""
+    if isinstance(value, str) and (m := _RANGE.fullmatch(value)):
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if lo > hi or hi - lo >= 1024:
+            raise ProblemError(Problem("", "not a range of N values", value,
+                                       "a..b with 1 <= a <= b, at most 1024 values"))
+        return list(range(lo, hi + 1))
+    return value
+
+
+NValues = Annotated[list[PositiveInt], BeforeValidator(_expand_range)]
+"""Proposal lengths: a list, or a range `a..b` (inclusive), e.g. `1..7`."""
 
 Dim = Annotated[int, Field(ge=1, le=1_048_576)]
 """A model dimension (width, heads, head size, layers, rank): >= 1 and at most 2**20, far above
@@ -251,7 +269,7 @@ class DrafterSpec(_Model):
     """conf/target entries it was made for; empty means any target (model-free methods)."""
     checkpoints: dict[str, Checkpoint] = Field(default_factory=dict)
     """Checkpoint per target name, for methods that need one."""
-    num_speculative_tokens: list[PositiveInt] = Field(default_factory=list)
+    num_speculative_tokens: NValues = Field(default_factory=list)
     """Default proposal lengths N to sweep; the sweep may override them per drafter."""
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     """ngram: shortest n-gram to match."""
@@ -434,8 +452,9 @@ class BudgetSpec(_Model):
 class SweepSpec(_Model):
     """What to measure: proposal lengths per drafter, concurrency levels and repeats."""
 
-    num_speculative_tokens: dict[str, list[PositiveInt]] = Field(default_factory=dict)
-    """N values per selected drafter name; a drafter not listed uses its own defaults."""
+    num_speculative_tokens: dict[str, NValues] = Field(default_factory=dict)
+    """N values per selected drafter name (a list or a range `1..7`); a drafter not listed
+    uses its own defaults."""
     concurrency: list[PositiveInt] = Field(min_length=1)
     """Concurrency levels (max in-flight requests) each engine config is measured at."""
     repeats: int = Field(default=3, ge=1, le=100)
@@ -453,6 +472,11 @@ class SweepSpec(_Model):
     """`grid`: every config once (one engine start each), the baseline before and after, Holm
     over the deployment's family. `race`: rounds that drop what cannot win, then confirm each
     band's winner on fresh engine starts (see `sweep.budget`)."""
+    search: Literal["grid", "adaptive"] = "grid"
+    """`adaptive` (racing only): the first round measures each chain drafter (n-gram, draft
+    model, EAGLE, MTP) at its largest N only; every other N is predicted from its per-position
+    acceptance and step cost and started only if its predicted upper bound can still win.
+    `grid`, or `design: grid`: every engine config is measured."""
     budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec())
     """What a racing sweep may spend."""
 

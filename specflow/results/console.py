@@ -145,6 +145,12 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
         out.print(f"[yellow]no decision:[/] {escape(p)}", soft_wrap=True)
     out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
               f"missing {len(summary['missing'])}")
+    cost = summary.get("cost")
+    if cost:
+        out.print(f"{cost['search']} search: {cost['engine_starts']} engine starts, "
+                  f"{cost['windows']} windows (the grid of this plan: "
+                  f"{cost['grid_engine_starts']} starts, {cost['grid_windows']} windows)",
+                  soft_wrap=True)
     for p in summary["promotions"]:
         out.print(escape(f"{p['status']} {p['traffic_class']}: {p['path']}"), soft_wrap=True)
     if summary["report"]:

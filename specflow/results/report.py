@@ -26,6 +26,7 @@ from specflow.core.analysis import (
     decision_rows,
 )
 from specflow.core.fsio import atomic_write
+from specflow.core.predict import Versus, summary
 from specflow.core.records import Measurement
 from specflow.core.requests import LevelRequests, agreement, analyze_requests
 from specflow.core.rounds import Round, ScheduleCheck
@@ -189,6 +190,75 @@ def plot_request_acceptance(levels: Sequence[LevelRequests], path: Path) -> Path
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return _save(fig, path)
+
+
+def plot_predicted(analysis: Analysis, rows: Sequence[Versus], path: Path) -> Path | None:
+    """Output throughput vs N per chain drafter, measured (markers, CI) beside predicted from
+    its largest N (line and band), one panel per workload and concurrency."""
+    base = {(p.workload, p.concurrency): p.throughput.value for p in analysis.points
+            if p.is_baseline and p.throughput is not None}
+    measured = {(p.drafter, p.workload, p.concurrency, p.num_speculative_tokens): p.throughput
+                for p in analysis.points if not p.is_baseline and p.throughput is not None}
+    panels = sorted({(v.workload, v.concurrency) for v in rows if (v.workload, v.concurrency)
+                     in base})
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), "output throughput vs N: measured (points) and predicted "
+                                     "from the largest N (line, band)")
+    for ax, (w, c) in zip(axes, panels, strict=True):
+        ax.axhline(base[(w, c)], color="black", linestyle="--", label="baseline")
+        for i, series in enumerate(sorted({v.series for v in rows})):
+            mine = sorted((v for v in rows if (v.series, v.workload, v.concurrency)
+                           == (series, w, c)), key=lambda v: v.n)
+            if not mine:
+                continue
+            color = f"C{i}"
+            ns = [v.n for v in mine]
+            b = base[(w, c)]
+            ax.plot(ns, [v.predicted.value * b for v in mine], color=color, linestyle=":",
+                    label=f"{series} predicted")
+            ax.fill_between(ns, [v.predicted.lo * b for v in mine],
+                            [v.predicted.hi * b for v in mine], color=color, alpha=0.12)
+            pts = sorted((n, t) for (d, ww, cc, n), t in measured.items()
+                         if (d, ww, cc) == (series, w, c))
+            if pts:
+                vals = [t.value for _, t in pts]
+                ax.errorbar([n for n, _ in pts], vals, yerr=_yerr(
+                    vals, [t.lo for _, t in pts], [t.hi for _, t in pts]), color=color,
+                    marker="o", linestyle="none", capsize=3, label=f"{series} measured")
+        ax.set_xlabel("num_speculative_tokens (N)")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(f"{w} c={c}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    return _save(fig, path)
+
+
+def _predicted_section(rows: Sequence[Versus], plot: Path | None, base: Path) -> list[str]:
+    """Every measured point of a chained candidate beside its prediction."""
+    if not rows:
+        return []
+    s = summary(rows)
+    lines = ["## Predicted vs measured", "",
+             f"Each chain drafter's N values predicted from its largest N (per-position "
+             f"acceptance, step cost linear in N) against what was measured at "
+             f"{int(s['predict_points'])} points: speedup error median "
+             f"{s.get('predict_speedup_error_median', 0):.1%}, worst "
+             f"{s.get('predict_speedup_error_worst', 0):.1%}; acceptance length median "
+             f"{s.get('predict_mal_error_median', 0):.1%}, worst "
+             f"{s.get('predict_mal_error_worst', 0):.1%}. Predictions only choose what to "
+             "measure; nothing is promoted on one.", ""]
+    if plot is not None:
+        lines += [f"![predicted vs measured]({plot.relative_to(base)})", ""]
+    lines += ["| engine | from | workload | c | predicted speedup [band] | measured | "
+              "predicted MAL | measured MAL |", "|---|---|---|---|---|---|---|---|"]
+    for v in rows:
+        p = v.predicted
+        lines.append(f"| {v.engine} | {v.probe} | {v.workload} | {v.concurrency} | "
+                     f"{p.value:.3f} [{p.lo:.3f}, {p.hi:.3f}] | {v.speedup:.3f} | {p.mal:.2f} | "
+                     f"{_cell(v.mal)} |")
+    return [*lines, ""]
 
 
 def plot_all(analysis: Analysis, out_dir: str | Path,
@@ -405,12 +475,17 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
 def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md",
                  rounds: Sequence[Round] = (),
                  schedules: Mapping[str, ScheduleCheck] | None = None,
-                 measurements: Sequence[Measurement] = ()) -> ReportFiles:
+                 measurements: Sequence[Measurement] = (),
+                 versus: Sequence[Versus] = ()) -> ReportFiles:
     """Write every plot and the Markdown report under out_dir; returns their paths.
-    `measurements` (the sweep's windows) add the per-request view where they kept requests."""
+    `measurements` (the sweep's windows) add the per-request view where they kept requests;
+    `versus` the predictor's error (`predict.versus`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(analysis, out, analyze_requests(measurements))
+    predicted = plot_predicted(analysis, versus, out / "predicted_vs_measured.png")
     path = out / name
-    atomic_write(path, markdown(analysis, plots, out, rounds, schedules or {}, measurements))
-    return ReportFiles(path, tuple(plots))
+    text = markdown(analysis, plots, out, rounds, schedules or {}, measurements)
+    text += "\n" + "\n".join(_predicted_section(versus, predicted, out))
+    atomic_write(path, text)
+    return ReportFiles(path, tuple(plots) + ((predicted,) if predicted else ()))

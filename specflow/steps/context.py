@@ -19,7 +19,7 @@ from typing import Any
 
 from specflow.config.artifact import artifact_config
 from specflow.config.compose import Loaded, load_plan
-from specflow.core import racing, rounds
+from specflow.core import predict, racing, rounds
 from specflow.core.compile import EngineConfig, SweepPlan
 from specflow.core.errors import Problem, SpecError
 from specflow.core.memory import Headroom, headroom
@@ -100,7 +100,8 @@ class Context:
                                  b.confirm_starts, b.max_confirm_starts, b.confirm_looks,
                                  b.max_repeats),
             baseline_every=b.baseline_every,
-            engines={ec.hash: ec for ec in self.plan.engine_configs})
+            engines={ec.hash: ec for ec in self.plan.engine_configs},
+            search=sweep.search, chains=predict.chains(self.plan.engine_configs))
 
     def start_windows(self, start: rounds.Start) -> list[Window]:
         """The windows of one planned engine start."""
@@ -221,9 +222,13 @@ def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> probe.VllmFacts:
 
 def measured_settings(spec: Spec) -> dict[str, Any]:
     """Besides the plan, what changes what a window measures (part of the sweep's identity):
-    the workloads (prompts, output lengths, sources), the warm-up and the design."""
-    return {"workload": {k: w.model_dump(mode="json") for k, w in spec.workload.items()},
-            "warmup_requests": spec.sweep.warmup_requests, "design": spec.sweep.design}
+    the workloads (prompts, output lengths, sources), the warm-up, the design and the search
+    (named only when adaptive: grid sweeps keep the identity they had before it existed)."""
+    out = {"workload": {k: w.model_dump(mode="json") for k, w in spec.workload.items()},
+           "warmup_requests": spec.sweep.warmup_requests, "design": spec.sweep.design}
+    if spec.sweep.search != "grid" and spec.sweep.design == "race":
+        out["search"] = spec.sweep.search
+    return out
 
 
 def open_sweep(overrides: Sequence[str], *, tracking: bool = True) -> Context:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.core import analysis, promote, rounds
+from specflow.core import analysis, predict, promote, rounds
 from specflow.core.analysis import Analysis
 from specflow.core.fsio import atomic_write
 from specflow.engine import probe
@@ -82,21 +82,27 @@ def _raced(ctx: Context, progress: rounds.Progress
                             refused_by_headroom=measure.refused(ctx), race=states), states
 
 
+def analyse(ctx: Context) -> tuple[Analysis, rounds.Progress | None]:
+    """The sweep's analysis from its records (and a racing sweep's replayed rounds); raises
+    AnalysisError when the data cannot carry a decision."""
+    if ctx.spec.sweep.design == "race":
+        progress = measure.progress(ctx)
+        return _raced(ctx, progress)[0], progress
+    return _grid(ctx), None
+
+
 def decide(ctx: Context) -> Outcome:
     """Analyse every finished window, write the report and plots, promote per traffic class."""
-    progress = race = None
     try:
-        if ctx.spec.sweep.design == "race":
-            progress = measure.progress(ctx)
-            result, race = _raced(ctx, progress)
-        else:
-            result = _grid(ctx)
+        result, progress = analyse(ctx)
     except analysis.AnalysisError as exc:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
+    versus = predict.versus(predict.point_speedups(result), ctx.ledger.measurements(),
+                            ctx.plan.engine_configs)
     files = report.write_report(result, ctx.workdir / "report",
                                 rounds=progress.rounds if progress is not None else (),
                                 schedules=progress.schedules if progress is not None else {},
-                                measurements=ctx.ledger.measurements())
+                                measurements=ctx.ledger.measurements(), versus=versus)
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     if progress is not None:
@@ -111,7 +117,8 @@ def decide(ctx: Context) -> Outcome:
         try:
             ctx.tracker.log_summary(ctx.parent_run_id, {
                 "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
-                **band_metrics(table)}, [files.report, *files.plots], artifact_path="report")
+                **band_metrics(table), **predict.summary(versus)}, [files.report, *files.plots],
+                artifact_path="report")
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
     return Outcome(True, problems, files.report, list(files.plots), promotions, table)
@@ -173,4 +180,21 @@ def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
         "experiment": experiment_name(ctx.loaded), "parent_run_id": ctx.parent_run_id,
         "run_link": _run_link(ctx),
         "missing": [k.id for k in missing(ctx)],
+        "cost": search_cost(ctx),
     }
+
+
+def search_cost(ctx: Context) -> dict[str, Any]:
+    """Engine starts and windows spent, against what the grid of the same plan costs (every
+    engine config started once, its windows at every point, the closing baseline)."""
+    s = rounds.spent(ctx.ledger.measurements())
+    sweep = ctx.spec.sweep
+    points = len(ctx.spec.workload) * len(set(sweep.concurrency))
+    configs = len(ctx.plan.engine_configs)
+    closing = int(sweep.closing_baseline_repeats > 0 and ctx.baseline() is not None)
+    return {"search": sweep.search if sweep.design == "race" else "grid",
+            "engine_starts": s.engine_starts, "windows": s.windows,
+            "engine_seconds": round(s.engine_seconds, 1),
+            "grid_engine_starts": configs + closing,
+            "grid_windows": points * (configs * sweep.repeats
+                                      + closing * sweep.closing_baseline_repeats)}

@@ -31,7 +31,9 @@ def _summary() -> dict:
             "promotions": [], "report": PATH, "tracking_uri": "sqlite:///m.db",
             "tracking_error": None, "experiment": "e", "parent_run_id": "abc",
             "run_link": "mlflow ui --backend-store-uri sqlite:///m.db, then open "
-                        "http://127.0.0.1:5000/#/experiments/1/runs/abc"}
+                        "http://127.0.0.1:5000/#/experiments/1/runs/abc",
+            "cost": {"search": "adaptive", "engine_starts": 9, "windows": 72,
+                     "engine_seconds": 600.0, "grid_engine_starts": 17, "grid_windows": 136}}
 
 
 def test_decision_lines_name_what_each_band_deploys() -> None:
@@ -58,6 +60,8 @@ def test_a_narrow_console_never_splits_a_band_or_its_interval(width: int) -> Non
     assert "no decision: " + LONG in text and f"report (every candidate, plots): {PATH}" in text
     assert ("results: mlflow ui --backend-store-uri sqlite:///m.db, then open "
             "http://127.0.0.1:5000/#/experiments/1/runs/abc") in text
+    assert ("adaptive search: 9 engine starts, 72 windows (the grid of this plan: 17 starts, "
+            "136 windows)") in text
 
 
 def test_a_wide_console_gets_the_table() -> None:

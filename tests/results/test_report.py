@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from specflow.core.analysis import analyze
 from specflow.core.schema import PromoteSpec, SloSpec
@@ -58,3 +59,33 @@ def test_report_and_plots_from_hand_built_records(tmp_path: Path) -> None:
     assert "| eagle3-n3 | gsm8k | 8 | 3 | oom x1 |" in text  # excluded windows are counted
     assert "![speedup_vs_concurrency-math](speedup_vs_concurrency-math.png)" in text
     assert BASELINE.hash in text
+
+
+def test_predicted_vs_measured_section_plot_and_metrics(tmp_path: Path) -> None:
+    from specflow.core import predict
+
+    e3n2, e3n3 = engine("eagle3-n2", "eagle3", 2), engine("eagle3-n3", "eagle3", 3)
+    rng = np.random.default_rng(1)
+    ms, close = sweep([Cand(e3n3, {1: 1.6, 8: 0.85}, ppa=(0.8, 0.6, 0.45)),
+                       Cand(e3n2, {1: 1.4, 8: 0.9}, ppa=(0.8, 0.6))],
+                      levels=(1, 8), repeats=3, closing=3, cv=0.02, rng=rng)
+    analysis = analyze(ms, PromoteSpec(), closing_baseline=close)
+    rows = predict.versus(predict.point_speedups(analysis), ms, [BASELINE, e3n2, e3n3])
+    assert [(v.engine, v.probe, v.concurrency) for v in rows] == [
+        ("eagle3-n2", "eagle3-n3", 1), ("eagle3-n2", "eagle3-n3", 8)]
+    # MAL(2) = 1 + 0.8 + 0.6, as measured
+    assert rows[0].predicted.mal == pytest.approx(2.4) and rows[0].mal == pytest.approx(2.4)
+    files = write_report(analysis, tmp_path / "report", versus=rows)
+    plot = tmp_path / "report" / "predicted_vs_measured.png"
+    assert plot in files.plots and plot.read_bytes()[:8] == PNG
+    text = files.report.read_text()
+    assert "## Predicted vs measured" in text and "at 2 points" in text
+    assert "| eagle3-n2 | eagle3-n3 | gsm8k | 1 |" in text
+    metrics = predict.summary(rows)
+    assert metrics["predict_points"] == 2
+    assert metrics["predict_mal_error_worst"] == pytest.approx(0.0)
+    assert metrics["predict_speedup_error_worst"] == max(abs(v.speedup_error) for v in rows)
+    # nothing chained: no section, no plot
+    bare = write_report(analysis, tmp_path / "bare")
+    assert "Predicted vs measured" not in bare.report.read_text()
+    assert not (tmp_path / "bare" / "predicted_vs_measured.png").exists()
