@@ -1,0 +1,166 @@
+"""Search cost: the adaptive search against the grid, on the real CPU engine, in one run.
+
+Run: .venv/bin/python bench/search_cost.py [--workdir DIR] [--n-max 5] [--max-rounds 2]
+
+The same plan both ways, through the real main job (`pipelines.sweep.run`: Prefect, the vLLM
+engine, the ledger, MLflow): the tiny target; the baseline, n-gram, the derived draft model
+(intermediate acceptance) and the copy draft model, each at N = 1..n-max; concurrency 1 and 4;
+the demo's two workloads. The grid (`sweep.design=grid`) starts every config once; the adaptive
+search (`sweep.design=race sweep.search=adaptive`) measures each drafter at its largest N first,
+predicts the rest from its per-position acceptance and step cost, and races what can win.
+
+Prints the engine starts, windows and engine-seconds of each, their ratio, whether the
+decisions agree per (traffic class, band) (the same deployment, or one the grid itself cannot
+tell from it: their grid intervals overlap), and the predictor's error per drafter on the grid's
+windows (every N predicted from N = n-max, against what was measured). The last line is one
+JSON object: engine_seconds_ratio, same_decision, mal_error_median/worst and
+speedup_error_median/worst (relative, absolute values, chain drafters), starts and windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from specflow.core import predict, rounds
+from specflow.core.analysis import Analysis
+from specflow.demo import tiny
+from specflow.steps import decide
+from specflow.steps.context import open_sweep
+
+console = Console(width=120)
+
+
+def _overrides(models: Path, out: Path, n_max: int) -> list[str]:
+    n = f"1..{n_max}"
+    return ["experiment=cpu_demo", "drafter=[none,ngram,draft_model_derived,draft_model]",
+            f"sweep.num_speculative_tokens.ngram={n}",
+            f"+sweep.num_speculative_tokens.draft_model_derived={n}",
+            f"sweep.num_speculative_tokens.draft_model={n}", "sweep.max_engine_configs=64",
+            f"paths.models={models}", f"tracking.workdir={out}",
+            f"tracking.uri=sqlite:///{out / 'mlflow.db'}", f"promote.output_dir={out / 'promoted'}"]
+
+
+def _sweep(overrides: list[str]) -> dict[str, Any]:
+    from pipelines.sweep import run
+
+    started = time.monotonic()
+    run(overrides)
+    wall = time.monotonic() - started
+    ctx = open_sweep(overrides, tracking=False)
+    ms = ctx.ledger.measurements()
+    result, _ = decide.analyse(ctx)
+    return {"wall_s": wall, "spent": rounds.spent(ms), "result": result, "measurements": ms,
+            "configs": ctx.plan.engine_configs}
+
+
+def _decisions(result: Analysis) -> dict[tuple[str, str], str]:
+    return {(r.traffic_class, d.band.label): d.winner.engine_hash if d.winner else "off"
+            for r in result.classes for d in r.decisions}
+
+
+def _agree(grid: Analysis, adaptive: Analysis, names: dict[str, str]) -> list[dict[str, Any]]:
+    """Per band: the two decisions and whether the grid can tell them apart."""
+    verdicts = {(r.traffic_class, d.band.label): {v.engine_hash: v for v in d.candidates}
+                for r in grid.classes for d in r.decisions}
+    ga, aa = _decisions(grid), _decisions(adaptive)
+    rows = []
+    for band in sorted(set(ga) | set(aa)):
+        g, a = ga.get(band, "off"), aa.get(band, "off")
+
+        def interval(h: str, band: tuple[str, str] = band) -> tuple[float, float]:
+            v = verdicts.get(band, {}).get(h)
+            return (1.0, 1.0) if h == "off" or v is None or v.worst is None else (
+                v.worst.speedup.lo, v.worst.speedup.hi)
+
+        (glo, ghi), (alo, ahi) = interval(g), interval(a)
+        same = g == a or (alo <= ghi and glo <= ahi)
+        rows.append({"band": f"{band[0]} {band[1]}", "grid": names.get(g, g),
+                     "adaptive": names.get(a, a), "agree": same})
+    return rows
+
+
+def _abs(values: list[float | None]) -> list[float]:
+    return [abs(v) for v in values if v is not None]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temp directory")
+    parser.add_argument("--n-max", type=int, default=5)
+    parser.add_argument("--max-rounds", type=int, default=2)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="search_cost-"))
+    models = work / "models"
+    tiny.build_all(models)
+    grid = _sweep([*_overrides(models, work / "grid", args.n_max), "sweep.design=grid"])
+    adaptive = _sweep([*_overrides(models, work / "adaptive", args.n_max), "sweep.design=race",
+                       "sweep.search=adaptive", "sweep.budget.windows=null",
+                       "sweep.budget.engine_starts=null",
+                       f"sweep.budget.max_rounds={args.max_rounds}"])
+    names = {ec.hash: ec.name for ec in grid["configs"]}
+
+    cost = Table(title="cost")
+    for c in ("search", "engine starts", "windows", "engine-seconds", "wall s"):
+        cost.add_column(c, justify="right")
+    for label, r in (("grid", grid), ("adaptive", adaptive)):
+        s = r["spent"]
+        cost.add_row(label, str(s.engine_starts), str(s.windows), f"{s.engine_seconds:.0f}",
+                     f"{r['wall_s']:.0f}")
+    console.print(cost)
+
+    agree = _agree(grid["result"], adaptive["result"], names)
+    t = Table(title="decisions per (traffic class, band)")
+    for c in ("band", "grid", "adaptive", "agree"):
+        t.add_column(c)
+    for row in agree:
+        t.add_row(row["band"], row["grid"], row["adaptive"], str(row["agree"]))
+    console.print(t)
+
+    vs = predict.versus(predict.point_speedups(grid["result"]), grid["measurements"],
+                        grid["configs"])
+    e = Table(title=f"prediction error on the grid's windows (from N={args.n_max})")
+    for c in ("drafter", "points", "MAL median", "MAL worst", "speedup median", "speedup worst"):
+        e.add_column(c, justify="right")
+    per: dict[str, dict[str, list[float]]] = {}
+    for v in vs:
+        d = per.setdefault(v.series, {"mal": [], "speedup": []})
+        d["mal"] += _abs([v.mal_error])
+        d["speedup"] += _abs([v.speedup_error])
+    for series, d in sorted(per.items()):
+        e.add_row(series, str(len(d["speedup"])), *[
+            f"{f(d[k]):.1%}" if d[k] else "-" for k in ("mal", "speedup")
+            for f in (statistics.median, max)])
+    console.print(e)
+
+    mal = _abs([v.mal_error for v in vs])
+    sp = _abs([v.speedup_error for v in vs])
+    g, a = grid["spent"], adaptive["spent"]
+    figures = {
+        "engine_seconds_ratio": round(a.engine_seconds / g.engine_seconds, 3)
+        if g.engine_seconds else None,
+        "same_decision": all(r["agree"] for r in agree),
+        "mal_error_median": round(statistics.median(mal), 4) if mal else None,
+        "mal_error_worst": round(max(mal), 4) if mal else None,
+        "speedup_error_median": round(statistics.median(sp), 4) if sp else None,
+        "speedup_error_worst": round(max(sp), 4) if sp else None,
+        "grid_starts": g.engine_starts, "grid_windows": g.windows,
+        "adaptive_starts": a.engine_starts, "adaptive_windows": a.windows,
+        "grid_engine_s": round(g.engine_seconds), "adaptive_engine_s": round(a.engine_seconds),
+        "workdir": str(work),
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
