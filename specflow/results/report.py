@@ -446,8 +446,10 @@ def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None
 def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("."),
              rounds: Sequence[Round] = (),
              schedules: Mapping[str, ScheduleCheck] | None = None,
-             measurements: Sequence[Measurement] = ()) -> str:
-    """The Markdown report (plot links relative to `base`)."""
+             measurements: Sequence[Measurement] = (),
+             names: Mapping[str, str] | None = None) -> str:
+    """The Markdown report (plot links relative to `base`; `names`: engine hash -> name, for
+    configs the race never started)."""
     lines = ["# specflow decision report", "", _settings_line(analysis), ""]
     agree, total, diffs = agreement(measurements)
     if total:
@@ -455,8 +457,9 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
                   f"counters in {agree} of {total} speculative windows"
                   + (f"; differences: {'; '.join(diffs[:5])}" if diffs else "") + ".", ""]
     requests = analyze_requests(measurements)
-    lines += rounds_table(rounds, {v.engine_hash: v.engine for r in analysis.classes
-                                   for d in r.decisions for v in d.candidates})
+    lines += rounds_table(rounds, {**(names or {}), **{
+        v.engine_hash: v.engine for r in analysis.classes for d in r.decisions
+        for v in d.candidates}})
     for cls, check in sorted((schedules or {}).items()):
         lines += [f"Schedule of `{cls}` `{[list(x) for x in check.schedule]}` measured as one "
                   f"engine (`{check.engine_hash}`) at c={list(check.levels)}: "
@@ -476,7 +479,8 @@ def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md
                  rounds: Sequence[Round] = (),
                  schedules: Mapping[str, ScheduleCheck] | None = None,
                  measurements: Sequence[Measurement] = (),
-                 versus: Sequence[Versus] = ()) -> ReportFiles:
+                 versus: Sequence[Versus] = (),
+                 names: Mapping[str, str] | None = None) -> ReportFiles:
     """Write every plot and the Markdown report under out_dir; returns their paths.
     `measurements` (the sweep's windows) add the per-request view where they kept requests;
     `versus` the predictor's error (`predict.versus`)."""
@@ -485,7 +489,7 @@ def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md
     plots = plot_all(analysis, out, analyze_requests(measurements))
     predicted = plot_predicted(analysis, versus, out / "predicted_vs_measured.png")
     path = out / name
-    text = markdown(analysis, plots, out, rounds, schedules or {}, measurements)
+    text = markdown(analysis, plots, out, rounds, schedules or {}, measurements, names)
     text += "\n" + "\n".join(_predicted_section(versus, predicted, out))
     atomic_write(path, text)
     return ReportFiles(path, tuple(plots) + ((predicted,) if predicted else ()))

@@ -102,7 +102,8 @@ def decide(ctx: Context) -> Outcome:
     files = report.write_report(result, ctx.workdir / "report",
                                 rounds=progress.rounds if progress is not None else (),
                                 schedules=progress.schedules if progress is not None else {},
-                                measurements=ctx.ledger.measurements(), versus=versus)
+                                measurements=ctx.ledger.measurements(), versus=versus,
+                                names={ec.hash: ec.name for ec in ctx.plan.engine_configs})
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     if progress is not None:

@@ -15,6 +15,7 @@ from specflow.config.compose import load_plan
 from specflow.core import predict, rounds
 from specflow.core.records import Measurement, PointKey
 from specflow.core.schema import PromoteSpec
+from specflow.results.report import rounds_table
 
 
 def _window(engine: str, rates: tuple[float, ...], drafts: int = 100, tput: float = 100.0,
@@ -181,6 +182,8 @@ def test_a_config_predicted_far_below_the_baseline_is_never_started(
     why = dict(state.dropped)
     assert why["ng1"].startswith("round 0: predicted 0.8") and "not started" in why["ng1"]
     assert "from ng3: cannot win" in why["ng2"]
+    table = "\n".join(rounds_table(progress.rounds, {"ng1": "ngram-n1"}))
+    assert "ngram-n1 (round 0: predicted 0.8" in table and "not started" in table
 
 
 def test_a_config_predicted_close_to_winning_is_measured(promote_spec: PromoteSpec) -> None:
