@@ -34,7 +34,7 @@ from rich.table import Table
 from specflow.core import predict, rounds
 from specflow.core.analysis import Analysis
 from specflow.demo import tiny
-from specflow.steps import decide
+from specflow.steps.decide import analyse
 from specflow.steps.context import open_sweep
 
 console = Console(width=120)
@@ -58,7 +58,7 @@ def _sweep(overrides: list[str]) -> dict[str, Any]:
     wall = time.monotonic() - started
     ctx = open_sweep(overrides, tracking=False)
     ms = ctx.ledger.measurements()
-    result, _ = decide.analyse(ctx)
+    result, _ = analyse(ctx)
     return {"wall_s": wall, "spent": rounds.spent(ms), "result": result, "measurements": ms,
             "configs": ctx.plan.engine_configs}
 
