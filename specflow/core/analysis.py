@@ -1056,7 +1056,8 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
             refused_by_headroom: Collection[str] = frozenset(),
             family: Literal["holm", "none"] = "holm",
             stage: racing.Stage | None = None,
-            race: Mapping[tuple[str, str], racing.BandState] | None = None) -> Analysis:
+            race: Mapping[tuple[str, str], racing.BandState] | None = None,
+            partial: bool = False) -> Analysis:
     """Decide every traffic class and band of a sweep.
 
     `measurements`: every window of the sweep, the baseline's first start included.
@@ -1066,7 +1067,8 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
     candidate; "none" leaves them per comparison (racing's exploration views). `stage` limits the
     speedups to exploration or confirmation starts. `race`: racing's final band states; the
     selected candidate of each band is then judged on its confirmation starts only and the others
-    by how the race eliminated them.
+    by how the race eliminated them. `partial`: a race in progress, whose candidates may be
+    measured only at the points of the bands they contend in (as with `race`).
     Raises AnalysisError, listing every point to (re-)measure, when the data cannot carry a
     decision."""
     opening, closing_ms = _placed(list(measurements), list(closing_baseline))
@@ -1084,7 +1086,8 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
             problems.append(problem)
             continue
         cand = _candidates(pts)
-        problems += _coverage_problems(base_pts, cand, refused, promote, race is not None)
+        problems += _coverage_problems(base_pts, cand, refused, promote,
+                                       race is not None or partial)
         bands, band_problems, band_notes = bands_for(promote, [p.concurrency for p in base_pts])
         problems += band_problems
         if problems:

@@ -456,7 +456,8 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
     """The band states after an exploration or a confirmation round."""
     opening, later = split_baseline(data, shape.baseline)
     result = analysis.analyze(opening, _fast(promote), closing_baseline=later,
-                              refused_by_headroom=refused, family="none", stage=stage)
+                              refused_by_headroom=refused, family="none", stage=stage,
+                              partial=True)
     verdicts = _band_estimates(result)
     out = dict(states)
     if stage == "explore":
@@ -479,7 +480,8 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     exploration step. Returns the states and whether any band added a contender."""
     opening, later = split_baseline(data, shape.baseline)
     result = analysis.analyze(opening, _fast(promote), closing_baseline=later,
-                              refused_by_headroom=refused, family="none", stage="explore")
+                              refused_by_headroom=refused, family="none", stage="explore",
+                              partial=True)
     verdicts = _band_estimates(result)
     windows: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
     for m in data:

@@ -123,18 +123,21 @@ def test_versus_sets_each_prediction_beside_its_measurement() -> None:
 # ----------------------------------------------------------------------- pruning rule
 
 
-def _shape() -> rounds.Shape:
+def _shape(levels: tuple[int, ...] = (1,)) -> rounds.Shape:
     chains = {"ng1": predict.Chain("ng3", 1, 3), "ng2": predict.Chain("ng3", 2, 3)}
     return rounds.Shape(design="race", baseline="base", candidates=("ng1", "ng2", "ng3"),
-                        workloads={"chat": "chat"}, concurrency=(1,), repeats=3,
+                        workloads={"chat": "chat"}, concurrency=levels, repeats=3,
                         closing_repeats=1, search="adaptive", chains=chains)
 
 
-def _measure(current: rounds.Round, gains: Mapping[str, float], rates: tuple[float, ...]
+def _measure(current: rounds.Round, gains: Mapping[str, float], rates: tuple[float, ...],
+             by_level: Mapping[int, tuple[Mapping[str, float], tuple[float, ...]]] | None = None
              ) -> list[Measurement]:
     out = []
     for start in current.starts:
         for i, key in enumerate(start.window_keys()):
+            if by_level:
+                gains, rates = by_level[key.concurrency]
             spec = key.engine_hash != "base"
             out.append(Measurement(
                 key=key, engine=key.engine_hash, drafter="ngram" if spec else "none",
@@ -203,3 +206,24 @@ def test_a_config_predicted_close_to_winning_is_measured(promote_spec: PromoteSp
     (state,) = progress.states.values()
     assert state.contenders == ("ng1",), state  # and the measurement, not the prediction, won
     assert state.status in ("confirmed", "unresolved", "confirming")
+
+
+def test_a_config_pruned_in_one_band_is_measured_only_where_it_can_win(
+        promote_spec: PromoteSpec) -> None:
+    """Pruned at c=1 (predicted far below), predicted close at c=4: started once its band
+    needs it, measured there only, and the race still decides (no window is asked for at the
+    band where it was pruned)."""
+    shape = _shape((1, 4))
+    levels = {1: ({"ng3": 0.6, "ng1": 0.83, "ng2": 0.72}, (0.05, 0.02, 0.01)),
+              4: ({"ng3": 1.0, "ng1": 1.33, "ng2": 1.18}, (0.9, 0.3, 0.1))}
+    ms: list[Measurement] = []
+    for _ in range(12):
+        progress = rounds.replay(shape, promote_spec, ms)
+        assert not progress.problems, progress.problems
+        if progress.current is None:
+            break
+        ms += _measure(progress.current, {}, (), levels)
+    assert {m.key.concurrency for m in ms if m.key.engine_hash == "ng1"} == {4}
+    states = {k[1]: st for k, st in progress.states.items()}
+    assert dict(states["c1"].dropped)["ng1"].startswith("round 0: predicted")
+    assert states["c4"].contenders == ("ng1",)

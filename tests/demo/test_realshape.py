@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +26,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def check(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One run of the script's CPU-safe part: its output and last-line figures."""
+def check(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One run of the script's CPU-safe part: its output and last-line figures (the ~4 GB of
+    one-layer checkpoints are removed afterwards)."""
     out = tmp_path_factory.mktemp("gpu_check")
     proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--cpu-safe"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, PYTHON=sys.executable, GPU_CHECK_DIR=str(out)))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"stdout": proc.stdout, "figures": json.loads(proc.stdout.strip().splitlines()[-1]),
-            "models": out / "models" / "realshape"}
+    try:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield {"stdout": proc.stdout,
+               "figures": json.loads(proc.stdout.strip().splitlines()[-1]),
+               "models": out / "models" / "realshape"}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _header(directory: Path) -> dict[str, tuple[int, ...]]:
