@@ -34,8 +34,8 @@ from rich.table import Table
 from specflow.core import predict, rounds
 from specflow.core.analysis import Analysis
 from specflow.demo import tiny
-from specflow.steps.decide import analyse
 from specflow.steps.context import open_sweep
+from specflow.steps.decide import analyse
 
 console = Console(width=120)
 
