@@ -69,7 +69,8 @@ def next_round(overrides: list[str]) -> dict[str, Any] | None:
     """The round to run now, replayed from the ledger (None when the race is over)."""
     ctx = steps.open_sweep(overrides)
     progress = steps.progress(ctx)
-    names = {ec.hash: ec.name for ec in ctx.plan.engine_configs}
+    names = {**{h: ec.name for h, ec in progress.derived.items()},  # N schedules
+             **{ec.hash: ec.name for ec in ctx.plan.engine_configs}}
     lines = console.round_lines(progress, names)
     for line in lines:
         print(line)  # the flow run's log (log_prints)
