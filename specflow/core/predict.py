@@ -28,6 +28,7 @@ Pure: no I/O. The racing rounds (`rounds`) use `chains` to measure the probes fi
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -71,10 +72,7 @@ class Acceptance:
     def mal_se(self, k: int) -> float:
         """Standard error of MAL(k) between windows (0 with one window)."""
         per = [1.0 + sum(w[:k]) for w in self.windows if len(w) >= k]
-        if len(per) < 2:
-            return 0.0
-        mean = sum(per) / len(per)
-        return math.sqrt(sum((x - mean) ** 2 for x in per) / (len(per) - 1) / len(per))
+        return statistics.stdev(per) / math.sqrt(len(per)) if len(per) >= 2 else 0.0
 
 
 @dataclass(frozen=True)
@@ -250,8 +248,6 @@ def summary(rows: Sequence[Versus]) -> dict[str, float]:
     out = {"predict_points": float(len(rows))}
     for name, xs in (("speedup", sp), ("mal", mal)):
         if xs:
-            mid = len(xs) // 2
-            out[f"predict_{name}_error_median"] = xs[mid] if len(xs) % 2 else (
-                xs[mid - 1] + xs[mid]) / 2
+            out[f"predict_{name}_error_median"] = statistics.median(xs)
             out[f"predict_{name}_error_worst"] = xs[-1]
     return out
