@@ -512,6 +512,8 @@ def serve_argv(spec: Spec, spec_cfg: dict[str, Any] | None) -> tuple[str, ...]:
         argv += ["--max-num-seqs", str(engine.max_num_seqs)]
     if engine.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if engine.distributed_executor_backend is not None:
+        argv += ["--distributed-executor-backend", engine.distributed_executor_backend]
     argv += list(engine.extra_args)
     if spec_cfg is not None:
         argv += ["--speculative-config",
@@ -524,13 +526,20 @@ def serve_argv(spec: Spec, spec_cfg: dict[str, Any] | None) -> tuple[str, ...]:
 
 
 def _check_target(spec: Spec) -> list[Problem]:
-    """The target needs no more ranks than the hardware has devices."""
+    """The target needs no more ranks than the hardware has devices, and a single-process
+    executor serves one rank only."""
     t, devices = spec.target, spec.hardware.device_count
-    if t.tensor_parallel_size <= devices:
-        return []
-    return [Problem("target.tensor_parallel_size", "more ranks than devices",
-                    t.tensor_parallel_size, f"<= hardware.device_count ({devices})",
-                    source=f"conf/target/{t.name}.yaml")]
+    out = []
+    if t.tensor_parallel_size > devices:
+        out.append(Problem("target.tensor_parallel_size", "more ranks than devices",
+                           t.tensor_parallel_size, f"<= hardware.device_count ({devices})",
+                           source=f"conf/target/{t.name}.yaml"))
+    if spec.backend.engine.distributed_executor_backend == "uni" and t.tensor_parallel_size > 1:
+        out.append(Problem("backend.engine.distributed_executor_backend",
+                           f"the single-process executor serves one rank; the target has "
+                           f"tensor_parallel_size={t.tensor_parallel_size}", "uni",
+                           "mp, ray or null (vLLM's choice)"))
+    return out
 
 
 def _target_warnings(t: TargetSpec) -> list[str]:

@@ -84,6 +84,22 @@ class Prediction:
     hi: float
     mal: float
     """Predicted mean acceptance length."""
+    kv_capacity: int | None = None
+    """Set when the candidate's KV cache holds fewer requests than the point's concurrency
+    (`kv_capped`): the requests it holds at once."""
+
+
+def kv_capped(pred: Prediction, concurrency: int, capacity: int | None) -> Prediction:
+    """The prediction at a concurrency level above what the candidate's KV cache holds at the
+    workloads' context length (headroom's maximum concurrency, which the drafter's weights, KV
+    and lookahead slots lower): the requests beyond `capacity` queue, so the engine runs at most
+    `capacity` at once. Decoding throughput grows at most linearly with the requests in flight
+    (about linearly while decoding is memory-bound), so the value and the lower bound are scaled
+    by capacity / concurrency; the upper bound is kept, so a cap never prunes on its own."""
+    if capacity is None or capacity <= 0 or concurrency <= capacity:
+        return pred
+    f = capacity / concurrency
+    return Prediction(pred.value * f, pred.lo * f, pred.hi, pred.mal, capacity)
 
 
 def chains(configs: Sequence[EngineConfig]) -> dict[str, Chain]:
@@ -149,13 +165,17 @@ def predict(acc: Acceptance, probe: tuple[float, float, float], n: int, probe_n:
 
 def point_predictions(chain: Chain, probe_windows: Mapping[tuple[str, int], Sequence[Measurement]],
                       probe_speedups: Mapping[tuple[str, int], tuple[float, float, float]],
-                      z: float = 1.96) -> dict[tuple[str, int], Prediction]:
-    """Predictions of one chained candidate at every point where its probe was measured."""
+                      z: float = 1.96, kv_capacity: int | None = None
+                      ) -> dict[tuple[str, int], Prediction]:
+    """Predictions of one chained candidate at every point where its probe was measured;
+    `kv_capacity` (the candidate's maximum concurrency from headroom) caps the points above
+    it (`kv_capped`)."""
     out = {}
     for point, speedup in probe_speedups.items():
         acc = acceptance(probe_windows.get(point, ()))
         if acc is not None and len(acc.rates) >= chain.n:
-            out[point] = predict(acc, speedup, chain.n, chain.probe_n, z)
+            out[point] = kv_capped(predict(acc, speedup, chain.n, chain.probe_n, z), point[1],
+                                   kv_capacity)
     return out
 
 
@@ -197,10 +217,11 @@ def _mal(windows: Sequence[Measurement]) -> float | None:
 
 def versus(speedups: Mapping[str, Mapping[tuple[str, int], tuple[float, float, float]]],
            measurements: Sequence[Measurement], configs: Sequence[EngineConfig],
-           z: float = 1.96) -> list[Versus]:
+           z: float = 1.96, kv_capacity: Mapping[str, int] | None = None) -> list[Versus]:
     """Every measured point of every chained candidate whose probe was measured there: the
     prediction from the probe's windows and speedup beside the measurement. `speedups`: engine
-    hash -> (workload, concurrency) -> (value, lo, hi) from the analysis."""
+    hash -> (workload, concurrency) -> (value, lo, hi) from the analysis; `kv_capacity`: engine
+    hash -> maximum concurrency (headroom), as the search predicted with it."""
     by_hash = {ec.hash: ec for ec in configs}
     windows: dict[tuple[str, str, int], list[Measurement]] = {}
     for m in measurements:
@@ -211,7 +232,8 @@ def versus(speedups: Mapping[str, Mapping[tuple[str, int], tuple[float, float, f
     for h, ch in chains(configs).items():
         probe_points = speedups.get(ch.probe, {})
         probe_windows = {p: windows.get((ch.probe, *p), []) for p in probe_points}
-        preds = point_predictions(ch, probe_windows, probe_points, z)
+        preds = point_predictions(ch, probe_windows, probe_points, z,
+                                  (kv_capacity or {}).get(h))
         for (workload, c), measured in sorted(speedups.get(h, {}).items()):
             if (workload, c) in preds:
                 ec = by_hash[h]

@@ -62,6 +62,9 @@ class Shape:
     only; the others are predicted from it (`predict`) and measured only if they can win."""
     chains: Mapping[str, predict.Chain] = field(default_factory=dict)
     """Candidates an adaptive search predicts from a probe (`predict.chains`)."""
+    kv_capacity: Mapping[str, int] = field(default_factory=dict)
+    """Engine hash -> requests its KV cache holds at the workloads' context length (headroom);
+    a candidate is predicted as capped above it (`predict.kv_capped`)."""
 
     @property
     def points(self) -> tuple[tuple[str, int], ...]:
@@ -500,7 +503,8 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
         pending, pruned = [], []
         for h in sorted(held, key=shape.candidates.index):
             ch = shape.chains[h]
-            iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z)
+            iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z,
+                            shape.kv_capacity.get(h))
             if iv is None:
                 pending.append(h)  # nothing to predict from: measure it
             elif iv.hi < threshold or iv.hi < best_lo:
@@ -527,22 +531,25 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
 
 def _predicted(ch: predict.Chain, probe: analysis.Verdict | None,
                windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
-               points: Sequence[tuple[str, int]], z: float) -> racing.Interval | None:
-    """A held-back candidate's band interval predicted from its probe (its worst point), or
-    None where the probe has no usable estimate at every point of the band."""
+               points: Sequence[tuple[str, int]], z: float, kv_capacity: int | None = None
+               ) -> racing.Interval | None:
+    """A held-back candidate's band interval predicted from its probe (its worst point, capped
+    where its KV cache holds fewer requests than the level), or None where the probe has no
+    usable estimate at every point of the band."""
     if probe is None or _gate_reasons(probe):
         return None
     speedups = {(s.workload, s.concurrency): (s.speedup.value, s.speedup.lo, s.speedup.hi)
                 for s in probe.speedups if (s.workload, s.concurrency) in set(points)}
     probe_windows = {p: [m for m in windows.get((ch.probe, *p), ()) if m.stage != "schedule"]
                      for p in speedups}
-    preds = predict.point_predictions(ch, probe_windows, speedups, z)
+    preds = predict.point_predictions(ch, probe_windows, speedups, z, kv_capacity)
     if not preds or len(preds) < len(speedups):
         return None
     worst = min(preds, key=lambda p: preds[p].lo)
+    capped = preds[worst].kv_capacity
+    where = f"{worst[0]} c={worst[1]}" + (f", KV holds {capped}" if capped else "")
     return racing.Interval(preds[worst].value, preds[worst].lo,
-                           min(p.hi for p in preds.values()),
-                           f"{worst[0]} c={worst[1]}", 0)
+                           min(p.hi for p in preds.values()), where, 0)
 
 
 def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict],

@@ -460,7 +460,8 @@ class SweepSpec(_Model):
     repeats: int = Field(default=3, ge=1, le=100)
     """Measured windows per (engine config, workload, concurrency)."""
     warmup_requests: int = Field(default=4, ge=0)
-    """Requests sent before each measured window and excluded from it."""
+    """Requests sent before the first measured window at each concurrency level of every
+    engine start, and excluded from it (the engine stays warm for that level afterwards)."""
     include_baseline: bool = True
     """Add the no-speculation baseline even when drafter `none` is not selected."""
     closing_baseline_repeats: int = Field(default=1, ge=0, le=100)
@@ -534,6 +535,10 @@ class PromoteSpec(_Model):
     """Per-position acceptance drop (absolute) against the previous champion that is flagged."""
 
 
+ExecutorBackend = Literal["uni", "mp", "ray", "external_launcher"]
+"""vLLM's distributed executor backends."""
+
+
 class EngineSpec(_Model):
     """Engine arguments that depend on the machine rather than the model."""
 
@@ -547,6 +552,11 @@ class EngineSpec(_Model):
     """Maximum running requests."""
     max_num_batched_tokens: int | None = Field(default=None, ge=1, le=134_217_728)
     """Token budget per scheduler step."""
+    distributed_executor_backend: ExecutorBackend | None = None
+    """`--distributed-executor-backend`: `uni` runs the model worker inside the engine-core
+    process (one process fewer to start: ~10 s of imports per engine start on the CPU engine,
+    where the engine is also given VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU
+    platform falls back to `mp`); single-rank engines only. null: vLLM's choice."""
     extra_args: list[str] = Field(default_factory=list)
     """Further `vllm serve` arguments, as an argv list."""
 

@@ -60,6 +60,9 @@ def _version_shim() -> None:
 _REQUEST: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "specflow_request", default=None)
 _TAPPED: list[dict[str, Any]] = []
+_JOBS = [0]
+COLLECT_EVERY = 50
+"""Jobs between full garbage collections (between jobs, never inside a measured run)."""
 
 
 class _JsonTap:
@@ -156,8 +159,13 @@ def _run_bench(job: dict[str, Any], parse: Callable[[list[str]], Any],
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
-            gc.unfreeze()  # bench freezes the GC heap per run; do not let it pile up
-            gc.collect()
+            # bench freezes the GC heap per run: unfreeze, so one run's cycles are not kept for
+            # good. No full collection per job: with vLLM imported it took 0.41 s (twice per
+            # window with its warm-up), while a driver's heap grew ~0.3 MB a job without it.
+            gc.unfreeze()
+            _JOBS[0] += 1
+            if _JOBS[0] % COLLECT_EVERY == 0:
+                gc.collect()
 
 
 def main() -> None:

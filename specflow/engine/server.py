@@ -343,6 +343,10 @@ class LocalEngine(Server):
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{ec.name}-{ec.hash}.log"
         self.env = {**DEFAULT_ENV, **os.environ, **backend.env}
+        if argv_value(ec.serve_argv, "--distributed-executor-backend") == "uni":
+            # vLLM's CPU platform turns `uni` back into `mp` unless this is 0; `vllm serve`
+            # keeps its engine core in a process of its own either way.
+            self.env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if backend.api_key_env and os.environ.get(backend.api_key_env):
             self.env["VLLM_API_KEY"] = os.environ[backend.api_key_env]  # vllm serve reads it
         self.api_key = argv_value(ec.serve_argv, "--api-key") or self.env.get("VLLM_API_KEY") \

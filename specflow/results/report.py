@@ -255,9 +255,10 @@ def _predicted_section(rows: Sequence[Versus], plot: Path | None, base: Path) ->
               "predicted MAL | measured MAL |", "|---|---|---|---|---|---|---|---|"]
     for v in rows:
         p = v.predicted
+        capped = f" (KV holds {p.kv_capacity})" if p.kv_capacity else ""
         lines.append(f"| {v.engine} | {v.probe} | {v.workload} | {v.concurrency} | "
-                     f"{p.value:.3f} [{p.lo:.3f}, {p.hi:.3f}] | {v.speedup:.3f} | {p.mal:.2f} | "
-                     f"{_cell(v.mal)} |")
+                     f"{p.value:.3f} [{p.lo:.3f}, {p.hi:.3f}]{capped} | {v.speedup:.3f} | "
+                     f"{p.mal:.2f} | {_cell(v.mal)} |")
     return [*lines, ""]
 
 

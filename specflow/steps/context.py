@@ -101,7 +101,12 @@ class Context:
                                  b.max_repeats),
             baseline_every=b.baseline_every,
             engines={ec.hash: ec for ec in self.plan.engine_configs},
-            search=sweep.search, chains=predict.chains(self.plan.engine_configs))
+            search=sweep.search, chains=predict.chains(self.plan.engine_configs),
+            kv_capacity=self.kv_capacity())
+
+    def kv_capacity(self) -> dict[str, int]:
+        """Engine hash -> requests its KV cache holds at the workloads' context (headroom)."""
+        return {h: r.concurrency_at_context for h, r in self.headroom.items()}
 
     def start_windows(self, start: rounds.Start) -> list[Window]:
         """The windows of one planned engine start."""
@@ -225,7 +230,8 @@ def measured_settings(spec: Spec) -> dict[str, Any]:
     the workloads (prompts, output lengths, sources), the warm-up, the design and the search
     (named only when adaptive: grid sweeps keep the identity they had before it existed)."""
     out = {"workload": {k: w.model_dump(mode="json") for k, w in spec.workload.items()},
-           "warmup_requests": spec.sweep.warmup_requests, "design": spec.sweep.design}
+           "warmup_requests": spec.sweep.warmup_requests,
+           "warmup_scope": "first window per level", "design": spec.sweep.design}
     if spec.sweep.search != "grid" and spec.sweep.design == "race":
         out["search"] = spec.sweep.search
     return out

@@ -98,7 +98,7 @@ def decide(ctx: Context) -> Outcome:
     except analysis.AnalysisError as exc:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
     versus = predict.versus(predict.point_speedups(result), ctx.ledger.measurements(),
-                            ctx.plan.engine_configs)
+                            ctx.plan.engine_configs, kv_capacity=ctx.kv_capacity())
     files = report.write_report(result, ctx.workdir / "report",
                                 rounds=progress.rounds if progress is not None else (),
                                 schedules=progress.schedules if progress is not None else {},

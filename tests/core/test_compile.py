@@ -314,3 +314,20 @@ def test_a_list_in_extra_speculative_config_is_checked_item_by_item() -> None:
     at = "drafter.draft_model.extra_speculative_config"
     assert got == {f"{at}.x": "not a finite number", f"{at}.y[1]": "not a finite number",
                    f"{at}.z": "wrong type"}
+
+
+def test_the_cpu_engine_serves_with_the_single_process_executor_of_one_rank() -> None:
+    _, plan = load_plan(["experiment=cpu_demo"])
+    for ec in plan.engine_configs:
+        argv = list(ec.serve_argv)
+        assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    # GPU backends keep vLLM's choice unless asked
+    _, gpu = load_plan(["target=qwen3_8b", "drafter=eagle3"])
+    assert all("--distributed-executor-backend" not in ec.serve_argv for ec in gpu.engine_configs)
+    with pytest.raises(SpecError) as info:
+        load_plan(["target=qwen3_8b", "drafter=eagle3", "target.tensor_parallel_size=2",
+                   "hardware.device_count=2",
+                   "backend.engine.distributed_executor_backend=uni"])
+    (p,) = info.value.problems
+    assert p.path == "backend.engine.distributed_executor_backend" and p.got == "uni"
+    assert "one rank" in p.problem and "mp" in p.expected

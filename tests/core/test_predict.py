@@ -227,3 +227,56 @@ def test_a_config_pruned_in_one_band_is_measured_only_where_it_can_win(
     states = {k[1]: st for k, st in progress.states.items()}
     assert dict(states["c1"].dropped)["ng1"].startswith("round 0: predicted")
     assert states["c4"].contenders == ("ng1",)
+
+
+def test_a_kv_cache_that_holds_fewer_requests_than_the_level_caps_the_prediction() -> None:
+    acc = predict.acceptance([_window("ng5", NGRAM_N5)])
+    assert acc is not None
+    p = predict.predict(acc, (1.4, 1.3, 1.5), 2, 5)
+    # it holds 2 requests at the context length: at c=8 it runs at most 2 at once
+    capped = predict.kv_capped(p, 8, 2)
+    assert capped.kv_capacity == 2
+    assert capped.value == pytest.approx(p.value / 4) and capped.lo == pytest.approx(p.lo / 4)
+    assert capped.hi == p.hi and capped.mal == p.mal  # the upper bound never prunes on its own
+    assert predict.kv_capped(p, 2, 2) == p and predict.kv_capped(p, 8, None) == p
+    # through the points of a chain: only the level above the capacity is capped
+    ch = predict.Chain("ng5", 2, 5)
+    windows = {("chat", 1): [_window("ng5", NGRAM_N5)],
+               ("chat", 8): [_window("ng5", NGRAM_N5, c=8)]}
+    speedups = {("chat", 1): (1.4, 1.3, 1.5), ("chat", 8): (1.4, 1.3, 1.5)}
+    preds = predict.point_predictions(ch, windows, speedups, kv_capacity=2)
+    assert preds[("chat", 1)].kv_capacity is None
+    assert preds[("chat", 8)].kv_capacity == 2
+    assert preds[("chat", 8)].value == pytest.approx(preds[("chat", 1)].value / 4)
+
+
+def test_the_search_predicts_a_candidate_capped_by_its_kv_cache(
+        promote_spec: PromoteSpec) -> None:
+    """ng1 is predicted ~1.3x at c=4 from its probe, but its KV cache holds 1 request: the
+    predicted value and lower bound drop by 4x and the trail says why; its upper bound keeps
+    it in the race (a cap alone never prunes), so it is measured and decided on measurement."""
+    shape = dataclasses.replace(_shape((4,)), kv_capacity={"ng1": 1})
+    first = rounds.replay(shape, promote_spec, [])
+    assert first.current is not None
+    ms = _measure(first.current, {"ng3": 1.0}, (0.9, 0.3, 0.1))
+    windows = {("ng3", "chat", 4): [m for m in ms if m.key.engine_hash == "ng3"]}
+    after = rounds.replay(shape, promote_spec, ms)
+    assert after.current is not None and "ng1" in {s.engine_hash for s in after.current.starts}
+    iv = rounds._predicted(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
+                           windows, [("chat", 4)], 1.96, 1)
+    uncapped = rounds._predicted(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
+                                 windows, [("chat", 4)], 1.96)
+    assert iv is not None and uncapped is not None
+    assert iv.value == pytest.approx(uncapped.value / 4) and iv.hi == uncapped.hi
+    assert iv.point == "chat c=4, KV holds 1"
+
+
+def _probe_verdict(shape: rounds.Shape, promote_spec: PromoteSpec, ms: list[Measurement]
+                   ) -> object:
+    from specflow.core import analysis
+
+    opening, later = rounds.split_baseline(ms, shape.baseline)
+    result = analysis.analyze(opening, rounds._fast(promote_spec), closing_baseline=later,
+                              family="none", stage="explore", partial=True)
+    return next(v for r in result.classes for d in r.decisions for v in d.candidates
+                if v.engine_hash == "ng3")

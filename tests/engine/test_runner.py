@@ -321,9 +321,11 @@ def _kill_second_window(runs: Iterator[Measurement]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def derived(setup: dict[str, Any]) -> list[Measurement]:
-    """The derived drafter, with one `vllm bench serve` process per window (the fallback)."""
+    """The derived drafter, with one `vllm bench serve` process per window (the fallback):
+    two windows at one level, so only the first is warmed up."""
     return list(run_engine(setup["ecs"][f"draft_model_derived-n{N}"], setup["backend"],
-                           [_window(setup)], setup["work"], load_generator="process"))
+                           [_window(setup), _window(setup, repeat=1)], setup["work"],
+                           load_generator="process"))
 
 
 def _ok(m: Measurement) -> Measurement:
@@ -438,9 +440,17 @@ def test_engine_killed_mid_benchmark_is_recorded_and_leaves_nothing(
 @pytest.mark.engine
 def test_derived_drafter_partial_acceptance(derived: list[Measurement],
                                             baseline: dict[str, list[Measurement]]) -> None:
-    [m] = derived
+    m, again = derived
     _ok(m)
+    _ok(again)
     assert _record(m)["load_generator"] == "BenchProcess"
+    # one warm-up per engine start and level: the second window at c=4 follows the first
+    # with nothing in between (its counters start where the first window's ended)
+    assert "warmup_log" in m.artifacts and "warmup_log" not in again.artifacts
+    before = json.loads(Path(m.artifacts["counters"]).read_text())
+    after = json.loads(Path(again.artifacts["counters"]).read_text())
+    assert before["before"]["num_drafts"] > 0, "the first window was warmed up"
+    assert after["before"] == before["after"]
     assert m.acceptance_rate is not None and 0.05 < m.acceptance_rate < 0.95
     pp = m.per_position_acceptance
     assert len(pp) == N and all(a >= b for a, b in itertools.pairwise(pp))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -67,3 +69,23 @@ def test_what_changes_a_window_changes_the_sweep(change: str) -> None:
 @pytest.mark.parametrize("change", ["promote.margin=0.1", "promote.confidence=0.9"])
 def test_what_changes_only_the_decision_reuses_the_windows(change: str) -> None:
     assert _sid(change) == _sid()
+
+
+def test_the_round_planner_gets_each_engines_kv_capacity_from_headroom(tmp_path: Path) -> None:
+    """The adaptive search caps a prediction where the candidate's KV cache holds fewer
+    requests than the level: the shape it plans with carries headroom's maximum concurrency."""
+    from specflow.config.compose import load_plan
+    from specflow.core.memory import headroom
+    from specflow.results.ledger import Ledger
+    from specflow.steps.context import Context
+
+    loaded, plan = load_plan(["experiment=cpu_demo",
+                              "backend.engine.kv_cache_memory_bytes=8388608"])
+    reports = {ec.hash: headroom(loaded.spec, ec) for ec in plan.engine_configs}
+    ctx = Context((), loaded, plan, None, Ledger(tmp_path, "sid"),  # type: ignore[arg-type]
+                  reports, {}, [])
+    kv = ctx.shape().kv_capacity
+    assert kv == {h: r.concurrency_at_context for h, r in reports.items()}
+    by_name = {ec.name: kv[ec.hash] for ec in plan.engine_configs}
+    # the copy drafter's own KV cache and lookahead slots leave room for fewer requests
+    assert 0 < by_name["draft_model-n4"] < by_name["baseline"]
