@@ -60,9 +60,8 @@ def _version_shim() -> None:
 _REQUEST: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "specflow_request", default=None)
 _TAPPED: list[dict[str, Any]] = []
-_JOBS = [0]
 COLLECT_EVERY = 50
-"""Jobs between full garbage collections (between jobs, never inside a measured run)."""
+"""Jobs between full garbage collections (after a job's answer, never inside a measured run)."""
 
 
 class _JsonTap:
@@ -160,12 +159,8 @@ def _run_bench(job: dict[str, Any], parse: Callable[[list[str]], Any],
             os.close(saved[0])
             os.close(saved[1])
             # bench freezes the GC heap per run: unfreeze, so one run's cycles are not kept for
-            # good. No full collection per job: with vLLM imported it took 0.41 s (twice per
-            # window with its warm-up), while a driver's heap grew ~0.3 MB a job without it.
+            # good (collected every COLLECT_EVERY jobs by `main`).
             gc.unfreeze()
-            _JOBS[0] += 1
-            if _JOBS[0] % COLLECT_EVERY == 0:
-                gc.collect()
 
 
 def main() -> None:
@@ -186,6 +181,7 @@ def main() -> None:
 
     proto.write(json.dumps({"ready": True, "pid": os.getpid(),
                             "import_s": time.perf_counter() - t0}) + "\n")
+    jobs = 0
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -194,6 +190,11 @@ def main() -> None:
         ok, error = _run(job, parse, bench_main)
         proto.write(json.dumps({"id": job["id"], "ok": ok, "error": error,
                                 "wall_s": time.perf_counter() - start}) + "\n")
+        jobs += 1
+        # Not a full collection per job: with vLLM imported one took 0.41 s (twice per window
+        # with its warm-up), while a driver's heap grew ~0.3 MB a job without it.
+        if jobs % COLLECT_EVERY == 0:
+            gc.collect()
 
 
 if __name__ == "__main__":
