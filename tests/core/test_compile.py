@@ -316,14 +316,26 @@ def test_a_list_in_extra_speculative_config_is_checked_item_by_item() -> None:
                    f"{at}.z": "wrong type"}
 
 
-def test_the_cpu_engine_serves_with_the_single_process_executor_of_one_rank() -> None:
-    _, plan = load_plan(["experiment=cpu_demo"])
+def test_the_single_process_executor_is_asked_for_and_serves_one_rank(tmp_path: Path) -> None:
+    from specflow.core.schema import LocalBackend
+    from specflow.engine.server import LocalEngine
+
+    _, default = load_plan(["experiment=cpu_demo"])  # vLLM's choice unless asked
+    assert all("--distributed-executor-backend" not in ec.serve_argv
+               for ec in default.engine_configs)
+    loaded, plan = load_plan(["experiment=cpu_demo",
+                              "backend.engine.distributed_executor_backend=uni"])
     for ec in plan.engine_configs:
         argv = list(ec.serve_argv)
         assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
-    # GPU backends keep vLLM's choice unless asked
-    _, gpu = load_plan(["target=qwen3_8b", "drafter=eagle3"])
-    assert all("--distributed-executor-backend" not in ec.serve_argv for ec in gpu.engine_configs)
+    # without this vLLM's CPU platform turns `uni` back into `mp`
+    backend = loaded.spec.backend
+    assert isinstance(backend, LocalBackend)
+    engine = LocalEngine(plan.engine_configs[0], backend, tmp_path)
+    assert engine.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    untouched = LocalEngine(default.engine_configs[0], backend, tmp_path).env
+    assert untouched.get("VLLM_ENABLE_V1_MULTIPROCESSING") == os.environ.get(
+        "VLLM_ENABLE_V1_MULTIPROCESSING")
     with pytest.raises(SpecError) as info:
         load_plan(["target=qwen3_8b", "drafter=eagle3", "target.tensor_parallel_size=2",
                    "hardware.device_count=2",
