@@ -77,7 +77,7 @@ def _specflow(overrides: list[str]) -> dict[str, Any]:
         if m.ok and m.key.repeat < ctx.spec.sweep.repeats:  # the opening windows
             points.setdefault((m.engine, m.key.concurrency), []).append(
                 (m.output_throughput, m.mean_acceptance_length))
-    return {"wall_s": wall, "ctx": ctx, "starts_s": starts, "windows": len(ms),
+    return {"wall_s": wall, "starts_s": starts, "windows": len(ms),
             "failed": sum(not m.ok for m in ms),
             "measured_s": sum(m.duration_s for m in ms), "points": points}
 

@@ -554,9 +554,10 @@ class EngineSpec(_Model):
     """Token budget per scheduler step."""
     distributed_executor_backend: ExecutorBackend | None = None
     """`--distributed-executor-backend`: `uni` runs the model worker inside the engine-core
-    process (one process fewer to start: ~10 s of imports per engine start on the CPU engine,
-    where the engine is also given VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU
-    platform falls back to `mp`); single-rank engines only. null: vLLM's choice."""
+    process (one process fewer to start: ~8 s per engine start on the CPU engine, where the
+    engine is also given VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU platform
+    falls back to `mp`; there it also decoded 25-35% slower, its OpenMP threads unbound);
+    single-rank engines only. null: vLLM's choice."""
     extra_args: list[str] = Field(default_factory=list)
     """Further `vllm serve` arguments, as an argv list."""
 
