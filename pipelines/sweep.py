@@ -14,6 +14,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from pipelines import dispatch
 from specflow import steps
 from specflow.core.records import Measurement
 from specflow.results import console
@@ -23,7 +24,7 @@ from specflow.results import console
 def prepare(overrides: list[str]) -> dict[str, Any]:
     ctx = steps.open_sweep(overrides)
     return {"plan_hash": ctx.plan.hash, "sweep_id": ctx.sid, "synced": ctx.synced,
-            "design": ctx.spec.sweep.design,
+            "design": ctx.spec.sweep.design, "dispatch": ctx.spec.dispatch.deployment,
             "engines": [(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
             "headroom": {h: r.verdict for h, r in ctx.headroom.items()},
             "tracking_error": ctx.tracking_error, "notes": ctx.notes}
@@ -116,6 +117,13 @@ def sweep_flow(overrides: list[str], run_label: str = "",
     plan = prepare(overrides)
     if plan["design"] == "race":
         return _race(overrides, plan, on_point, on_round)
+    if plan["dispatch"]:  # each engine config a flow run on the work pool's workers
+        engines = dispatch.fan_out(overrides, [dispatch.Unit("engine", h, n)
+                                               for h, n in plan["engines"]])
+        closing: Any = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
+                                                                  "baseline (closing)")])
+        return {"plan": plan, "engines": engines, "closing": closing,
+                "outcome": decide(overrides)}
     engines = []
     for engine_hash, name in plan["engines"]:
         state = measure_engine(overrides, engine_hash, name, on_point, return_state=True)
@@ -142,6 +150,11 @@ def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | 
         if current["round"] is None or current["round"] == last:
             break  # done, or a round whose windows could not all be recorded: decide says so
         last = current["round"]
+        if plan["dispatch"]:  # the round's starts at once, on the work pool's workers
+            starts += dispatch.fan_out(overrides, [dispatch.Unit("start", str(seq), name)
+                                                   for seq, name in current["starts"]],
+                                       tags=[f"round:{last}"])
+            continue
         for seq, name in current["starts"]:
             state = measure_start(overrides, seq, name, on_point, return_state=True)
             starts.append(state.result() if state.is_completed()

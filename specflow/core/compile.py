@@ -611,6 +611,35 @@ SECRET_OPTIONS = {
 }
 """Secret `vllm serve` options, refused in backend.engine.extra_args."""
 
+def _relative_path(value: str) -> bool:
+    return not value.startswith(("/", "~"))
+
+
+def _check_dispatch(spec: Spec) -> list[Problem]:
+    """Fanned out to a work pool, every path a worker writes or reads must mean the same place
+    on every worker: absolute (on a filesystem they all mount) or a tracking server."""
+    if spec.dispatch.deployment is None:
+        return []
+    shared = "an absolute path on a filesystem every worker mounts"
+    out = []
+    if spec.backend.kind == "endpoint":
+        out.append(Problem("dispatch.deployment", "an endpoint backend measures one running "
+                           "server, there is nothing to fan out", spec.dispatch.deployment,
+                           "null with backend=endpoint"))
+    if _relative_path(spec.tracking.workdir):
+        out.append(Problem("tracking.workdir", "a relative path: each worker would keep its own "
+                           "ledger in its own working directory", spec.tracking.workdir, shared))
+    if _relative_path(spec.paths.models):
+        out.append(Problem("paths.models", "a relative path: each worker would resolve it in its "
+                           "own working directory", spec.paths.models, shared))
+    uri = spec.tracking.uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") or (
+            "://" not in uri and _relative_path(uri)):
+        out.append(Problem("tracking.uri", "a relative store: each worker would log to its own",
+                           uri, "a tracking server (http://HOST:PORT) every worker reaches"))
+    return out
+
+
 def secret_option(word: str) -> str | None:
     """The secret option an argv word names: in full, with underscores or abbreviated."""
     if not word.startswith("--"):
@@ -727,6 +756,7 @@ def compile_plan(spec: Spec, catalog: Catalog = Catalog()) -> SweepPlan:
     host_problems, host_warnings = _check_host(spec)
     problems = [*_check_target(spec), *_check_sweep_drafters(spec, catalog),
                 *_check_bands(spec), *_check_endpoint(spec), *_check_secrets(spec),
+                *_check_dispatch(spec),
                 *host_problems]
     warnings = [*_target_warnings(spec.target), *host_warnings]
     configs: list[EngineConfig] = []

@@ -622,6 +622,31 @@ class TrackingSpec(_Model):
     """Local directory for logs, point results and the resume ledger."""
 
 
+class DispatchSpec(_Model):
+    """Where engine configs run: in this process (default), or fanned out as flow runs of
+    the engine-config deployment on a Prefect work pool, one engine per worker's device set."""
+
+    deployment: str | None = Field(default=None, pattern=r"^[^/\s]+/[^/\s]+$")
+    """`<flow>/<deployment>` of the engine-config deployment (`python -m pipelines.pool
+    deploy` registers `specflow-engine-config/<pool>`); null: every engine config runs in the
+    sweep's own process, one after another."""
+    retries: int = Field(default=2, ge=0, le=20)
+    """Times an engine config whose flow run crashed, failed or lost its worker is submitted
+    again (its finished windows are not measured again)."""
+    lease_s: Seconds = 120.0
+    """A running engine config whose worker has not renewed its lease (a heartbeat file in the
+    ledger, every lease_s/6) for this long is declared lost: its flow run is set Crashed and the
+    config is submitted again."""
+    wait_s: Seconds = 86_400.0
+    """How long a submitted engine config may wait for a free worker before it is given up
+    (its windows are recorded as failed: no_worker)."""
+    poll_s: Seconds = 2.0
+    """How often the sweep reads its flow runs' states."""
+    job_variables: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Job variables of every submitted flow run (the pool's template declares them): on the
+    Kubernetes pool of pipelines/k8s, `gpu_count` is the target's tensor_parallel_size."""
+
+
 class HeadroomSpec(_Model):
     """When a config that fits still deserves a warning."""
 
@@ -659,5 +684,7 @@ class Spec(_Model):
     """Where results go."""
     headroom: HeadroomSpec = Field(default_factory=HeadroomSpec)
     """Memory headroom thresholds."""
+    dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
+    """Where engine configs run (this process, or a Prefect work pool's workers)."""
     paths: PathsSpec = Field(default_factory=PathsSpec)
     """Filesystem locations."""

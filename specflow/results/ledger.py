@@ -36,6 +36,14 @@ def sweep_id(plan_hash: str, vllm_version: str, measured: Mapping[str, Any]) -> 
     return hashlib.sha256(f"{plan_hash}|{vllm_version}|{blob}".encode()).hexdigest()[:16]
 
 
+def renew_lease(path: Path | str, **fields: Any) -> None:
+    """Renew a lease (`Ledger.lease_path`): now, this process and `fields`. Needs no opened
+    sweep, so a worker takes its lease before the slow work of opening one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"t": time.time(), "pid": os.getpid(), **fields})
+
+
 @dataclass(frozen=True)
 class Entry:
     """One point as the ledger holds it."""
@@ -136,6 +144,19 @@ class Ledger:
 
     def measurements(self) -> list[Measurement]:
         return [e.measurement for e in self.entries()]
+
+    def lease_path(self, unit: str) -> Path:
+        """Where the lease on `unit` (one engine start measured by one worker) is renewed; the
+        sweep declares the unit lost when it stops being renewed (see `renew_lease`)."""
+        return self.dir / "leases" / f"{unit}.json"
+
+    def lease(self, unit: str) -> dict[str, Any] | None:
+        """The last renewal of `unit`'s lease (None: never taken, or unreadable)."""
+        try:
+            data = json.loads(self.lease_path(unit).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("t"), float) else None
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append an event (engine start, engine failure, ...) to events.jsonl."""

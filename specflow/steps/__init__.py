@@ -8,7 +8,10 @@ process or on another worker and sees the same sweep.
 from specflow.steps.context import Context, OnPoint, OnRound, headroom_reports, open_sweep
 from specflow.steps.decide import Outcome, decide, outcome_summary
 from specflow.steps.measure import (
+    UNIT_KINDS,
+    DevicesShort,
     EngineStartFailed,
+    give_up,
     log_round,
     measure,
     measurements,
@@ -16,10 +19,13 @@ from specflow.steps.measure import (
     progress,
     run_closing_baseline,
     run_start,
+    run_unit,
+    unit_of,
 )
 
 __all__ = [
-    "Context", "EngineStartFailed", "OnPoint", "OnRound", "Outcome", "decide", "headroom_reports",
+    "UNIT_KINDS", "Context", "DevicesShort", "EngineStartFailed", "give_up", "run_unit",
+    "unit_of", "OnPoint", "OnRound", "Outcome", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
     "log_round", "progress", "run_closing_baseline", "run_start",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import logging
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -132,12 +132,16 @@ class Context:
         self.tracking_error = first
         self.tracker = None
 
-    def push_unlogged(self) -> int:
-        """Log the windows MLflow has not received (kept while it was unreachable)."""
+    def push_unlogged(self, engines: Container[str] | None = None) -> int:
+        """Log the windows MLflow has not received (kept while it was unreachable, or left by a
+        killed run); only those of `engines` when given (a worker pushes only the windows of
+        the config it owns: another worker may be logging its own at this moment)."""
         pushed = 0
         for entry in self.ledger.unlogged():
             if self.tracker is None:
                 break
+            if engines is not None and entry.measurement.key.engine_hash not in engines:
+                continue
             self.log(entry.measurement)
             pushed += self.tracker is not None
         return pushed
@@ -237,8 +241,10 @@ def measured_settings(spec: Spec) -> dict[str, Any]:
     return out
 
 
-def open_sweep(overrides: Sequence[str], *, tracking: bool = True) -> Context:
+def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = True
+               ) -> Context:
     """Build the sweep's context from its overrides and its ledger (see the module docstring).
+    `sync=False`: push no unlogged window on opening (a worker pushes its own config's only).
 
     Raises SpecError for anything the user must fix (exit 2).
     """
@@ -261,11 +267,11 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True) -> Context:
     ctx = Context(overrides, loaded, plan, facts, ledger, reports, datasets, windows,
                   notes=[w for m in datasets.values() for w in m.warnings])
     if tracking:
-        _open_tracking(ctx)
+        _open_tracking(ctx, sync)
     return ctx
 
 
-def _open_tracking(ctx: Context) -> None:
+def _open_tracking(ctx: Context, sync: bool = True) -> None:
     """Reach MLflow and open (or reopen) the sweep's parent run; offline is not fatal."""
     spec = ctx.spec
     try:
@@ -276,6 +282,6 @@ def _open_tracking(ctx: Context) -> None:
         ctx.parent_run_id = ctx.tracker.parent(
             ctx.sid, ctx.plan, artifact_config(ctx.loaded),
             pins(ctx.loaded, ctx.facts), run_name)
-        ctx.synced = ctx.push_unlogged()
+        ctx.synced = ctx.push_unlogged() if sync else 0
     except Exception as exc:  # noqa: BLE001 - any store failure: keep results locally, sync next run
         ctx.went_offline(exc)

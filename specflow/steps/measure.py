@@ -3,6 +3,7 @@ baseline."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from specflow.core import rounds
 from specflow.core.compile import EngineConfig
 from specflow.core.memory import Headroom, headroom
 from specflow.core.records import Measurement, PointKey
-from specflow.engine import probe
+from specflow.engine import device, probe
 from specflow.engine.runner import Window, run_engine
 from specflow.steps.context import Context, OnPoint
 
@@ -21,8 +22,45 @@ RETRYABLE_START_FAILURES = frozenset({"start_failed", "hang", "busy_port"})
 """Engine start failures a second attempt can cure (OOM and bad configs cannot)."""
 
 
+HOST = socket.gethostname()
+
+
 class EngineStartFailed(RuntimeError):
     """The engine config's engine did not start; its windows are recorded as failed."""
+
+
+class DevicesShort(RuntimeError):
+    """This worker owns fewer devices than the target's tensor parallel size (another may not)."""
+
+
+def check_devices(ctx: Context) -> None:
+    """Raise DevicesShort when this process's device set cannot hold one engine of the plan."""
+    ids, need = device.owned(), ctx.spec.target.tensor_parallel_size
+    if ids is not None and len(ids) < need:
+        raise DevicesShort(f"this worker owns devices [{','.join(ids)}] ({len(ids)}); "
+                           f"target.tensor_parallel_size is {need}: start a worker per {need} "
+                           "devices (CUDA_VISIBLE_DEVICES)")
+
+
+def give_up(ctx: Context, ec: EngineConfig, windows: Sequence[Window], failure: str,
+            detail: str, start: rounds.Start | None = None) -> int:
+    """Record the unfinished windows of `windows` as failed (`failure`): a config that could
+    not be measured anywhere. A later run measures them again. Returns how many."""
+    finished = ctx.ledger.finished()
+    n = 0
+    for w in windows:
+        if w.key(ec).id in finished:
+            continue
+        m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
+                        num_speculative_tokens=ec.num_speculative_tokens,
+                        traffic_class=w.traffic_class, status="failed", failure=failure,
+                        failure_detail=detail)
+        if start is not None:
+            m = replace(m, seq=start.seq, stage=start.stage, round=start.round)
+        ctx.ledger.record(m)
+        ctx.log(m)
+        n += 1
+    return n
 
 
 def _refused(ec: EngineConfig, windows: Sequence[Window], h: Headroom) -> list[Measurement]:
@@ -49,7 +87,8 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
         results: Any = _refused(ec, todo, h)
     else:
         if ctx.spec.backend.kind == "local":
-            ctx.ledger.event("engine_start", engine=ec.name, hash=ec.hash)
+            ctx.ledger.event("engine_start", engine=ec.name, hash=ec.hash, host=HOST,
+                             devices=device.owned())
             summary["started"] = True
         results = run_engine(ec, ctx.spec.backend, todo, ctx.workdir / "runs", skip=finished,
                              tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model)
@@ -181,3 +220,44 @@ def log_round(ctx: Context, progress: rounds.Progress) -> None:
         ctx.tracker.log_round(ctx.parent_run_id, r.index, metrics, tags)
     except Exception as exc:  # noqa: BLE001 - any store failure: the trail is in the report
         ctx.went_offline(exc)
+
+
+UNIT_KINDS = ("engine", "start", "closing")
+"""What one worker measures on one engine start: an engine config's opening windows (grid), a
+planned start of the current round (race), or the closing baseline."""
+
+
+def unit_of(ctx: Context, kind: str, key: str
+            ) -> tuple[EngineConfig | None, list[Window], rounds.Start | None]:
+    """The engine config, windows and planned start of a unit (None, [], None: nothing to do,
+    e.g. a start of a round that is over)."""
+    if kind == "engine":
+        return ctx.engine(key), list(ctx.windows), None
+    if kind == "closing":
+        base = ctx.baseline()
+        if base is None or not ctx.spec.sweep.closing_baseline_repeats:
+            return None, [], None
+        return base, ctx.closing_windows(), None
+    current = progress(ctx).current
+    start = next((s for s in current.starts if s.seq == int(key)), None) if current else None
+    if start is None:
+        return None, [], None
+    derived = progress(ctx).derived
+    return derived.get(start.engine_hash) or ctx.engine(start.engine_hash), \
+        ctx.start_windows(start), start
+
+
+def run_unit(ctx: Context, kind: str, key: str, on_point: OnPoint | None = None
+             ) -> dict[str, Any]:
+    """Measure one unit (see UNIT_KINDS) after pushing what an earlier attempt at it left
+    unlogged; raises EngineStartFailed when a retry may help and DevicesShort when this
+    worker's device set cannot hold the engine."""
+    check_devices(ctx)
+    ec, _, _ = unit_of(ctx, kind, key)
+    if ec is not None:
+        ctx.synced = ctx.push_unlogged({ec.hash})
+    if kind == "engine":
+        return measure(ctx, key, on_point)
+    if kind == "closing":
+        return run_closing_baseline(ctx, on_point)
+    return run_start(ctx, int(key), on_point)

@@ -343,3 +343,24 @@ def test_the_single_process_executor_is_asked_for_and_serves_one_rank(tmp_path: 
     (p,) = info.value.problems
     assert p.path == "backend.engine.distributed_executor_backend" and p.got == "uni"
     assert "one rank" in p.problem and "mp" in p.expected
+
+
+def test_a_work_pool_sweep_refuses_paths_each_worker_would_resolve_on_its_own(tmp_path: Path
+                                                                              ) -> None:
+    """Fanned out to a work pool, relative ledger/model paths and a relative sqlite store are
+    refused together, each naming its field; absolute paths and a tracking server pass; the
+    dispatch settings are not part of the plan (a dispatched sweep resumes in-process)."""
+    pool = ["experiment=cpu_demo", "dispatch.deployment=specflow-engine-config/gpu"]
+    with pytest.raises(SpecError) as err:
+        load_plan(pool)
+    assert {p.path for p in err.value.problems} == {"tracking.workdir", "paths.models",
+                                                    "tracking.uri"}
+    assert "a tracking server (http://HOST:PORT)" in str(err.value)
+    fine = [f"tracking.workdir={tmp_path}/work", f"paths.models={tmp_path}/models"]
+    _, plan = load_plan([*pool, *fine, "tracking.uri=http://127.0.0.1:5000"])
+    _, local = load_plan(["experiment=cpu_demo", *fine])
+    assert plan.hash == local.hash
+    load_plan([*pool, *fine, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"])  # absolute
+    proc = run_cli("compile", "experiment=cpu_demo", "dispatch.deployment=gpu", "--no-probe")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "dispatch.deployment: malformed; got 'gpu'" in proc.stderr

@@ -3,21 +3,19 @@ then the server is killed during a served run and started again."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from specflow.results.ledger import Ledger
+from tests.pipelines import live
 from tests.pipelines.procs import processes_using
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,84 +24,16 @@ UNREACHABLE = "unreachable ("  # pipelines.deploy on stderr: the runner stopped 
 AGAIN = "serving again in"  # ... and no flow run is in flight any more: it checks the API
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        try:
-            with urllib.request.urlopen(url, timeout=3) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError(f"{url} not ready:\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
-def _start_server(tmp: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
-    """`prefect server start` on loopback, its own process group (killed as a whole)."""
-    with open(tmp / "server.log", "ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "prefect", "server", "start",
-                                 "--host", "127.0.0.1", "--port", str(port)],
-                                cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _points(work: Path) -> dict[str, dict]:
-    """Each window's measurement as its ledger file holds it (by file name)."""
-    dirs = list((work / "sweeps").glob("*/points")) if (work / "sweeps").is_dir() else []
-    out = {}
-    for points in dirs:
-        for path in points.glob("*.json"):
-            try:
-                out[path.name] = json.loads(path.read_text())["measurement"]
-            except (OSError, ValueError, KeyError):
-                continue  # being replaced (atomic rename): read it next time
-    return out
-
-
-def _wait_for(what: str, check, timeout: float, *logs: Path) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                              for p in logs if p.is_file())
-            pytest.fail(f"{what}: not within {timeout:.0f} s\n{tails}")
-        time.sleep(0.5)
-
-
-def _prefect(env: dict[str, str], *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "prefect", *args], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout
-
-
 def _flow_run_shows_windows_and_the_decision(run_output: str, env: dict[str, str], tmp: Path
                                              ) -> None:
     """What a person sees of a served run in the Prefect UI: an engine-start line and one line
     per window in the flow run's log, and the decision as a table artifact whose description
     leads to the sweep's MLflow parent run."""
     (run_id,) = re.findall(r"UUID: ([0-9a-f-]{36})", run_output)
-    logs = _prefect(env, "flow-run", "logs", run_id)
+    logs = live.prefect(env, "flow-run", "logs", run_id)
     assert "engine start: " in logs
     assert re.search(r"\S+ chat c1 r\d: ok, \d+\.\d tok/s", logs), logs[-3000:]
-    (artifact, *_) = json.loads(_prefect(env, "artifact", "inspect", "specflow-decision",
+    (artifact, *_) = json.loads(live.prefect(env, "artifact", "inspect", "specflow-decision",
                                          "-o", "json"))
     assert artifact["type"] == "table" and str(artifact["flow_run_id"]) == run_id
     rows = artifact["data"] if isinstance(artifact["data"], list) else json.loads(
@@ -126,7 +56,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
     on the same port and database, the deployment is served again and the next run completes
     the sweep without measuring again what the killed run had measured."""
     models, work = tiny_models, tmp_path / "work"
-    port = _port()
+    port = live.port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
                PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}",
@@ -143,10 +73,10 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         # process's pause of the schedule give up within seconds of the outage.
         PREFECT_CLIENT_MAX_RETRIES="2")
     server_log, serve_log = tmp_path / "server.log", tmp_path / "serve.log"
-    server = _start_server(tmp_path, port, env)
+    server = live.start_server(tmp_path, port, env)
     procs = [server]
     try:
-        _wait_http(f"{api}/health", server, server_log, 180)
+        live.wait_http(f"{api}/health", server, server_log, 180)
         overrides = ["experiment=cpu_demo", "drafter=[none,ngram]",
                      "+sweep.num_speculative_tokens.ngram=[2]", "workload=[chat]",
                      "workload.chat.num_prompts=4", "workload.chat.max_tokens=8",
@@ -186,23 +116,23 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
             assert serve.poll() is None, serve_log.read_text(errors="replace")[-3000:]
             return True
 
-        _wait_for("a window of run 1 in the ledger", lambda: serving() and any(
-            m["status"] == "ok" for m in _points(work).values()), 600, serve_log)
-        before = {k: m for k, m in _points(work).items() if m["status"] == "ok"}
+        live.wait_for("a window of run 1 in the ledger", lambda: serving() and any(
+            m["status"] == "ok" for m in live.points(work).values()), 600, serve_log)
+        before = {k: m for k, m in live.points(work).items() if m["status"] == "ok"}
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=60)
-        _wait_for("the serve process says the runner stopped on the outage",
+        live.wait_for("the serve process says the runner stopped on the outage",
                   lambda: serving() and UNREACHABLE in serve_log.read_text(errors="replace"),
                   180, serve_log)
         # the run goes on without the API (every window, the decision) and then fails to report
         # its end; the serve process waits for it before it checks the API again
-        _wait_for("the killed run ending", lambda: serving() and AGAIN in serve_log.read_text(
+        live.wait_for("the killed run ending", lambda: serving() and AGAIN in serve_log.read_text(
             errors="replace"), 600, serve_log)
-        _wait_for("no engine outliving the killed run",
+        live.wait_for("no engine outliving the killed run",
                   lambda: not processes_using(models, but=serve.pid), 60, serve_log)
         (sweep_dir,) = (work / "sweeps").iterdir()
         ledger = Ledger(work, sweep_dir.name)
-        points = _points(work)
+        points = live.points(work)
         assert {k: points.get(k) for k in before} == before  # kept, as they were
         assert len(points) == 4 and len(points) > len(before)  # measured during the outage
         missing = {e.measurement.key.engine_hash for e in ledger.entries()
@@ -216,8 +146,8 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         starts = len(ledger.events("engine_start"))
 
         # the server back on the same port and database; the deployment served again
-        server = procs[0] = _start_server(tmp_path, port, env)
-        _wait_http(f"{api}/health", server, server_log, 180)
+        server = procs[0] = live.start_server(tmp_path, port, env)
+        live.wait_http(f"{api}/health", server, server_log, 180)
         run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", DEPLOYMENT,
                               "--watch", "--watch-timeout", "600"], env=client_env,
                              capture_output=True, text=True, timeout=700, check=False)
@@ -227,7 +157,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         assert (tmp_path / "work" / "sweeps").is_dir()  # the run really measured
         done = list(ledger.entries())
         assert len(done) == 4 and all(e.measurement.ok for e in done)
-        assert {k: _points(work).get(k) for k in before} == before  # not measured again
+        assert {k: live.points(work).get(k) for k in before} == before  # not measured again
         again = [e["hash"] for e in ledger.events("engine_start")][starts:]
         assert sorted(again) == sorted(missing)  # started again: only what run 1 left
         _flow_run_shows_windows_and_the_decision(out, client_env, tmp_path)
@@ -236,4 +166,4 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
     finally:
         for p in reversed(procs):
             if p.poll() is None:
-                _stop(p)
+                live.stop(p)

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import pytest
 
 from specflow.config.compose import load_plan
 from specflow.results.ledger import Ledger
+from tests.pipelines import live
 from tests.pipelines.procs import processes_of, processes_using
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,7 +192,7 @@ def _mlflow_ui_shows_the_sweep(tmp: Path, page: str, parent, child) -> None:  # 
     if BROWSER is None:
         pytest.skip("no chromium: `make test` installs Debian's chromium (apt-get, as root)")
     runs = _all_runs(tmp)
-    server = MlflowServer(tmp, store=f"sqlite:///{tmp / 'mlflow.db'}")
+    server = live.MlflowServer(tmp, _env(tmp), store=f"sqlite:///{tmp / 'mlflow.db'}")
     server.start()
     try:
         shots = tmp / "screenshots"
@@ -319,45 +319,6 @@ def _count_starts(tmp: Path) -> int:
     return len(_ledger(tmp).events("engine_start"))
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """A real `mlflow server` on loopback (sqlite store in a temp dir) that can be killed and
-    started again on the same port and store."""
-
-    def __init__(self, tmp: Path, store: str | None = None) -> None:
-        self.tmp, self.port, self.proc = tmp, _closed_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.store = store or f"sqlite:///{tmp / 'mlflow-server.db'}"
-
-    def start(self) -> None:
-        log = open(self.tmp / "mlflow-server.log", "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
-             str(self.port), "--workers", "1",
-             "--backend-store-uri", self.store,
-             "--default-artifact-root", (self.tmp / "server-artifacts").as_uri()],
-            cwd=self.tmp, env=_env(self.tmp), stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.tmp / "mlflow-server.log").read_text()[-2000:]
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        pytest.fail("mlflow server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=60)
-
-
 @pytest.mark.engine
 def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: Path,
                                                                      models: Path) -> None:
@@ -367,7 +328,7 @@ def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: 
     pushed, and MLflow ends with exactly one finished child per point and no run RUNNING."""
     args = ["drafter=[none,ngram]", "+sweep.num_speculative_tokens.ngram=[2]",
             "sweep.closing_baseline_repeats=0"]
-    server = MlflowServer(tmp_path)
+    server = live.MlflowServer(tmp_path, _env(tmp_path))
     server.start()
     proc = subprocess.Popen([sys.executable, "-m", "specflow", *_args(tmp_path, models, *args,
                                                                        uri=server.uri)],

@@ -93,3 +93,17 @@ def test_a_torn_event_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureF
         assert len(ledger.events()) == 1
     assert "events.jsonl" in caplog.text
 
+
+
+def test_a_lease_is_renewed_without_an_opened_sweep_and_read_back(tmp_path: Path) -> None:
+    from specflow.results.ledger import renew_lease
+
+    ledger = _ledger(tmp_path)
+    assert ledger.lease("engine-abc") is None
+    renew_lease(ledger.lease_path("engine-abc"), flow_run_id="r1", devices=["0"])
+    first = ledger.lease("engine-abc")
+    assert first is not None and first["flow_run_id"] == "r1" and first["devices"] == ["0"]
+    renew_lease(ledger.lease_path("engine-abc"), flow_run_id="r1", devices=["0"])
+    assert ledger.lease("engine-abc")["t"] >= first["t"]
+    ledger.lease_path("engine-abc").write_text("{torn")
+    assert ledger.lease("engine-abc") is None  # unreadable: as if never renewed

@@ -1,0 +1,167 @@
+"""Scale-out: the same 4-config sweep dispatched to a Prefect work pool with 1 worker, then 2.
+
+    .venv/bin/python bench/scale_out.py [--workdir DIR] [--prompts 8] [--tokens 32]
+
+One `prefect server` and one `mlflow server` on loopback; a process pool per phase (`w1`, `w2`),
+its workers each owning one fake device id. On this CPU machine a worker's "device" is a core:
+the single worker's engines use every core (vLLM's automatic OpenMP binding), each of the two
+workers' engines is bound to its own core (VLLM_CPU_OMP_THREADS_BIND), so the two phases use
+the same cores. Each phase runs the main job (`python -m specflow dispatch.deployment=...`) in a
+workdir and MLflow experiment of its own, so nothing is reused between them.
+
+Prints, per phase: wall time, engine starts, the dispatch overhead per config (the flow run's
+creation to its engine start in the ledger: the worker's poll, the flow-run process, opening
+the sweep) and engine-seconds (engine start to the flow run's end, summed); then one JSON line
+with wall_ratio_2_vs_1, dispatch_overhead_s (median over every config of both phases) and
+configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specflow.demo import tiny  # noqa: E402
+from specflow.results.ledger import Ledger  # noqa: E402
+from tests.pipelines import live  # noqa: E402 - the loopback servers the tests start
+
+console = Console(highlight=False)
+
+
+def _overrides(models: Path, work: Path, uri: str, experiment: str, a: argparse.Namespace
+               ) -> list[str]:
+    return ["experiment=cpu_demo", "drafter=[none,ngram]",
+            "+sweep.num_speculative_tokens.ngram=[1,2,3]", "workload=[chat]",
+            f"workload.chat.num_prompts={a.prompts}", f"workload.chat.max_tokens={a.tokens}",
+            "sweep.concurrency=[1]", f"sweep.repeats={a.repeats}", "promote.min_repeats=2",
+            "sweep.closing_baseline_repeats=0", "sweep.design=grid", f"paths.models={models}",
+            f"tracking.workdir={work}", f"tracking.uri={uri}",
+            f"tracking.experiment={experiment}", f"promote.output_dir={work / 'promoted'}"]
+
+
+def _flow_runs(env: dict[str, str], pool: str) -> list[dict[str, Any]]:
+    script = f"""
+import json
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+with get_client(sync_client=True) as client:
+    runs = client.read_flow_runs(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(
+        any_=[{pool!r}])))
+print(json.dumps([{{"key": r.parameters["key"], "state": r.state.type.value,
+                   "created": r.created.timestamp(),
+                   "end": r.end_time.timestamp() if r.end_time else None}} for r in runs]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
+           a: argparse.Namespace) -> dict[str, Any]:
+    pool, work = f"w{n}", tmp / f"w{n}"
+    deploy = subprocess.run([sys.executable, "-m", "pipelines.pool", "deploy", "--pool", pool,
+                             "--slots", str(n)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    if deploy.returncode != 0:
+        raise SystemExit(deploy.stdout + deploy.stderr)
+    workers = []
+    for i in range(n):
+        bind = str(i) if n > 1 else "auto"
+        with open(tmp / f"{pool}-{i}.log", "ab") as fh:
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type",
+                 "process", "--limit", "1", "--name", f"{pool}-{i}"], cwd=ROOT,
+                env=dict(env, CUDA_VISIBLE_DEVICES=str(i), VLLM_CPU_OMP_THREADS_BIND=bind),
+                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True))
+    try:
+        time.sleep(5)  # the workers register with the pool
+        t0 = time.monotonic()
+        sweep = subprocess.run(
+            [sys.executable, "-m", "specflow",
+             *_overrides(models, work, uri, f"scale-out-{pool}", a),
+             f"dispatch.deployment=specflow-engine-config/{pool}", "dispatch.poll_s=1"],
+            cwd=tmp, env=dict(env, COLUMNS="100"), capture_output=True, text=True,
+            timeout=3600, check=False)
+        wall = time.monotonic() - t0
+    finally:
+        for w in workers:
+            live.stop(w)
+    if sweep.returncode != 0:
+        raise SystemExit(sweep.stdout[-3000:] + sweep.stderr[-3000:])
+    (sweep_dir,) = (work / "sweeps").iterdir()
+    starts = {e["hash"]: e["t"] for e in Ledger(work, sweep_dir.name).events("engine_start")}
+    runs = [r for r in _flow_runs(env, pool) if r["state"] == "COMPLETED"]
+    overhead = [starts[r["key"]] - r["created"] for r in runs if r["key"] in starts]
+    engine_s = sum(r["end"] - starts[r["key"]] for r in runs if r["key"] in starts)
+    return {"workers": n, "wall_s": wall, "configs": len(runs), "engine_starts": len(starts),
+            "overhead_s": overhead, "engine_s": engine_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temp directory")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32, help="output tokens per request")
+    parser.add_argument("--repeats", type=int, default=3, help="windows per config")
+    a = parser.parse_args()
+    tmp = a.workdir or Path(tempfile.mkdtemp(prefix="scale_out-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    models = tmp / "models"
+    tiny.build_all(models)
+    port = live.port()
+    env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect"),
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'p.db'}",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
+               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1",
+               PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_WORKER_QUERY_SECONDS="2")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+    server = live.start_server(tmp, port, server_env)
+    mlflow = live.MlflowServer(tmp, server_env)
+    try:
+        live.wait_http(f"http://127.0.0.1:{port}/api/health", server, tmp / "server.log", 180)
+        mlflow.start()
+        phases = [_phase(n, tmp, env, models, mlflow.uri, a) for n in (1, 2)]
+    finally:
+        mlflow.kill()
+        live.stop(server)
+
+    t = Table(title="the same 4-config sweep on a process work pool")
+    for c in ("workers", "wall s", "configs", "engine starts", "dispatch overhead s (median)",
+              "engine-seconds"):
+        t.add_column(c, justify="right")
+    for p in phases:
+        t.add_row(str(p["workers"]), f"{p['wall_s']:.0f}", str(p["configs"]),
+                  str(p["engine_starts"]), f"{statistics.median(p['overhead_s']):.1f}",
+                  f"{p['engine_s']:.0f}")
+    console.print(t)
+    one, two = phases
+    ratio = two["wall_s"] / one["wall_s"]
+    overhead = statistics.median(one["overhead_s"] + two["overhead_s"])
+    console.print(f"2 workers vs 1: wall x{ratio:.2f}; engine-seconds x"
+                  f"{two['engine_s'] / one['engine_s']:.2f} (on 2 cores, two engines share "
+                  "the CPU: each runs slower, which a GPU per worker would not)")
+    print(json.dumps({"wall_ratio_2_vs_1": round(ratio, 3),
+                      "dispatch_overhead_s": round(overhead, 1), "configs": one["configs"],
+                      "wall_s_1": round(one["wall_s"]), "wall_s_2": round(two["wall_s"]),
+                      "engine_seconds_1": round(one["engine_s"]),
+                      "engine_seconds_2": round(two["engine_s"])}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Live servers and processes for the pipeline tests: free loopback ports, a `prefect server`,
+readiness waits, process-group stops, the ledger's point files as they are on disk."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            with urllib.request.urlopen(url, timeout=3) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"{url} not ready:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def start_server(tmp: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
+    """`prefect server start` on loopback, its own process group (killed as a whole)."""
+    with open(tmp / "server.log", "ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "prefect", "server", "start",
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def points(work: Path) -> dict[str, dict]:
+    """Each window's measurement as its ledger file holds it (by file name)."""
+    dirs = list((work / "sweeps").glob("*/points")) if (work / "sweeps").is_dir() else []
+    out = {}
+    for points in dirs:
+        for path in points.glob("*.json"):
+            try:
+                out[path.name] = json.loads(path.read_text())["measurement"]
+            except (OSError, ValueError, KeyError):
+                continue  # being replaced (atomic rename): read it next time
+    return out
+
+
+def wait_for(what: str, check, timeout: float, *logs: Path,  # noqa: ANN001
+             every_s: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                              for p in logs if p.is_file())
+            pytest.fail(f"{what}: not within {timeout:.0f} s\n{tails}")
+        time.sleep(every_s)
+
+
+def prefect(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "prefect", *args], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+class MlflowServer:
+    """A real `mlflow server` on loopback (sqlite store in a temp dir) that can be killed and
+    started again on the same port and store."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], store: str | None = None) -> None:
+        self.tmp, self.env, self.port, self.proc = tmp, env, port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.store = store or f"sqlite:///{tmp / 'mlflow-server.db'}"
+
+    def start(self) -> None:
+        log = open(self.tmp / "mlflow-server.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+             str(self.port), "--workers", "1",
+             "--backend-store-uri", self.store,
+             "--default-artifact-root", (self.tmp / "server-artifacts").as_uri()],
+            cwd=self.tmp, env=self.env, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.tmp / "mlflow-server.log").read_text()[-2000:]
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        pytest.fail("mlflow server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=60)

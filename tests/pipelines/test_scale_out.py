@@ -1,0 +1,209 @@
+"""Scale-out on a Prefect work pool, all on loopback: a `prefect server`, a process work pool,
+two workers each owning a distinct (fake) device id, a real `mlflow server`, a sweep of four
+engine configs on the CPU engine dispatched by `python -m specflow dispatch.deployment=...`;
+one worker is SIGKILLed during its first engine config and a replacement worker joins."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specflow.results.ledger import Ledger
+from tests.pipelines import live
+from tests.pipelines.procs import processes_using
+
+ROOT = Path(__file__).resolve().parents[2]
+POOL = "gpu"
+DEPLOYMENT = f"specflow-engine-config/{POOL}"
+
+_FLOW_RUNS = """
+import json
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+with get_client(sync_client=True) as client:
+    runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[
+        "specflow-engine-config"])))
+print(json.dumps([{"name": r.name, "state": r.state.type.value, "tags": sorted(r.tags),
+                   "kind": r.parameters["kind"], "key": r.parameters["key"],
+                   "parent": str(r.parent_task_run_id)} for r in runs]))
+"""
+
+
+def _worker(tmp: Path, env: dict[str, str], name: str, device: str) -> subprocess.Popen:
+    """`prefect worker start` owning `device`, one flow run at a time; on this CPU machine
+    its engines' OpenMP threads are bound to core `device` (the CPU engine's device set)."""
+    with open(tmp / f"{name}.log", "ab") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type",
+             "process", "--limit", "1", "--name", name],
+            cwd=ROOT, env=dict(env, CUDA_VISIBLE_DEVICES=device,
+                                     VLLM_CPU_OMP_THREADS_BIND=device), stdout=fh,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _with_env(var: str) -> list[int]:
+    """Pids of live processes whose environment holds `var` (e.g. a worker's device set)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if var.encode() in (proc / "environ").read_bytes().split(b"\0") and \
+                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _decision(out: str) -> list[str]:
+    """The decision lines the main job prints (narrow console: two lines per band)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "decision per traffic class" in line)
+    end = next(i for i, line in enumerate(lines) if " windows ok in " in line)
+    return [line.strip() for line in lines[start:end]]
+
+
+@pytest.mark.engine
+def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
+                                                                 tiny_models: Path) -> None:
+    """Four engine configs on two workers (devices 0 and 1). Worker 0 is SIGKILLed after the
+    first window of its first config: its flow run's process and engine die with it, the
+    sweep declares the config lost (lease) or crashed and submits it again; a replacement
+    worker on device 0 joins. The sweep completes: each config has one completed flow run,
+    both device ids ran configs (their flow runs' tags say so), MLflow holds exactly one
+    FINISHED child run per window of the plan, each metric logged once, no RUNNING run; the
+    windows finished before the kill were not measured again; no engine survives; the
+    decision equals the one the single-process path computes from the same ledger."""
+    models, work = tiny_models, tmp_path / "work"
+    port = live.port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
+               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
+    env.pop("PREFECT_API_URL", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    client_env = dict(env, PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2",
+                      PREFECT_CLIENT_MAX_RETRIES="2")
+    mlflow_server = live.MlflowServer(tmp_path, env)
+    procs: list[subprocess.Popen] = []
+    logs = [tmp_path / n for n in ("server.log", "sweep.log", "gpu-0.log", "gpu-1.log",
+                                   "gpu-0b.log", "mlflow-server.log")]
+    try:
+        procs.append(live.start_server(tmp_path, port, env))
+        mlflow_server.start()
+        procs.append(mlflow_server.proc)
+        live.wait_http(f"{api}/health", procs[0], logs[0], 180)
+        deploy = subprocess.run([sys.executable, "-m", "pipelines.pool", "deploy", "--pool",
+                                 POOL, "--slots", "2"], cwd=ROOT, env=client_env,
+                                capture_output=True, text=True, timeout=180, check=False)
+        assert deploy.returncode == 0, deploy.stdout[-2000:] + deploy.stderr[-3000:]
+        assert "work pool 'gpu' (process) created, 2 slots" in deploy.stdout
+        assert f"dispatch.deployment={DEPLOYMENT}" in deploy.stdout
+        workers = {"0": _worker(tmp_path, client_env, "gpu-0", "0"),
+                   "1": _worker(tmp_path, client_env, "gpu-1", "1")}
+        procs += workers.values()
+        overrides = ["experiment=cpu_demo", "drafter=[none,ngram]",
+                     "+sweep.num_speculative_tokens.ngram=[1,2,3]", "workload=[chat]",
+                     "workload.chat.num_prompts=4", "workload.chat.max_tokens=16",
+                     "sweep.concurrency=[1]", "sweep.repeats=3", "promote.min_repeats=2",
+                     "sweep.closing_baseline_repeats=0", "sweep.design=grid",
+                     f"paths.models={models}", f"tracking.workdir={work}",
+                     f"tracking.uri={mlflow_server.uri}",
+                     f"promote.output_dir={tmp_path / 'promoted'}"]
+        with open(logs[1], "wb") as fh:
+            sweep = subprocess.Popen(
+                [sys.executable, "-m", "specflow", *overrides,
+                 f"dispatch.deployment={DEPLOYMENT}", "dispatch.lease_s=30",
+                 "dispatch.poll_s=1"], cwd=tmp_path, env=dict(client_env, COLUMNS="80"),
+                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(sweep)
+
+        def killed_mid_config() -> bool:
+            """Worker 0 has measured a window of the config it is on, not all of them."""
+            assert sweep.poll() is None, logs[1].read_text(errors="replace")[-3000:]
+            sweeps = list((work / "sweeps").glob("*")) if (work / "sweeps").is_dir() else []
+            if not sweeps:
+                return False
+            ledger = Ledger(work, sweeps[0].name)
+            mine = [e["hash"] for e in ledger.events("engine_start") if e["devices"] == ["0"]]
+            if not mine:
+                return False
+            ok = [e for e in ledger.entries() if e.measurement.ok
+                  and e.measurement.key.engine_hash == mine[-1]]
+            if not 1 <= len(ok) < 3:
+                return False
+            os.kill(workers["0"].pid, signal.SIGKILL)
+            return True
+
+        live.wait_for("a window of worker 0's config", killed_mid_config, 600, *logs,
+                      every_s=0.1)
+        workers["0"].wait(timeout=30)
+        (sweep_dir,) = (work / "sweeps").iterdir()
+        ledger = Ledger(work, sweep_dir.name)
+        before = {k: m for k, m in live.points(work).items() if m["status"] == "ok"}
+        # its flow run's process and its engine end with it
+        live.wait_for("nothing of worker 0 alive", lambda: not _with_env(
+            "CUDA_VISIBLE_DEVICES=0"), 60, *logs)
+        procs.append(_worker(tmp_path, client_env, "gpu-0b", "0"))
+        sweep.wait(timeout=900)
+        out = logs[1].read_text(errors="replace")
+        assert sweep.returncode == 0, out[-4000:]
+
+        runs = json.loads(subprocess.run([sys.executable, "-c", _FLOW_RUNS], env=client_env,
+                                         capture_output=True, text=True, timeout=120,
+                                         check=True).stdout)
+        completed = [r for r in runs if r["state"] == "COMPLETED"]
+        assert sorted(r["key"] for r in completed) == sorted(
+            {e["hash"] for e in ledger.events("engine_start")})  # one per config
+        assert len(completed) == 4
+        devices = {t for r in completed for t in r["tags"] if t.startswith("devices:")}
+        assert devices == {"devices:0", "devices:1"}, runs
+        lost = [r for r in runs if r["state"] == "CRASHED"]
+        assert len(lost) == 1 and "devices:0" in lost[0]["tags"], runs
+        assert any(r["key"] == lost[0]["key"] and "attempt:1" in r["tags"] for r in completed)
+        assert all(r["parent"] != "None" for r in runs)  # subflow runs of the sweep's flow run
+
+        # the windows measured before the kill were kept as they were
+        points = live.points(work)
+        assert {k: points.get(k) for k in before} == before
+        assert len(points) == 12 and all(m["status"] == "ok" for m in points.values())
+
+        from mlflow.tracking import MlflowClient
+
+        from specflow.steps import open_sweep
+
+        ctx = open_sweep(overrides, tracking=False)
+        expected = sorted(w.key(ec).id for ec in ctx.plan.engine_configs for w in ctx.windows)
+        client = MlflowClient(mlflow_server.uri)
+        (exp,) = [e for e in client.search_experiments() if e.name.startswith("specflow/")]
+        every = client.search_runs([exp.experiment_id], max_results=1000)
+        children = [r for r in every if r.data.tags.get("specflow.kind") == "point"]
+        assert sorted(r.data.tags["specflow.point_id"] for r in children) == expected
+        assert {r.info.status for r in every} == {"FINISHED"}, [
+            (r.info.run_name, r.info.status) for r in every]
+        for r in children:
+            assert len(client.get_metric_history(r.info.run_id, "output_throughput")) == 1
+
+        assert not processes_using(models), processes_using(models)
+        decision = _decision(out)
+        assert re.search(r"chat c1: \S+", "\n".join(decision)), out[-3000:]
+        # the same plan in this process: every window is in the ledger, nothing is started
+        again = subprocess.run([sys.executable, "-m", "specflow", *overrides], cwd=tmp_path,
+                               env=dict(env, COLUMNS="80"), capture_output=True, text=True,
+                               timeout=600, check=False)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert _decision(again.stdout) == decision
+        assert len(ledger.events("engine_start")) == 5  # 4 configs + the lost one again
+    finally:
+        for p in reversed(procs):
+            if p is not None and p.poll() is None:
+                live.stop(p)
