@@ -136,11 +136,12 @@ def engine_config_flow(overrides: list[str], kind: str, key: str, engine_name: s
     return {**summary, "host": host, "devices": devices, "flow_run_id": str(run_id)}
 
 
-def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str] = ()
-            ) -> list[dict[str, Any]]:
+def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str] = (),
+            on_point: steps.OnPoint | None = None) -> list[dict[str, Any]]:
     """Submit `units` to the engine-config deployment, wait for all, submit again what crashed,
     failed or lost its worker; give up on a unit after `dispatch.retries` resubmissions. Returns
-    one summary per unit (its last flow run, state, attempts)."""
+    one summary per unit (its last flow run, state, attempts). `on_point` is called with each
+    window the workers record meanwhile (read from the shared ledger)."""
     ctx = steps.open_sweep(overrides, tracking=False)
     d = ctx.spec.dispatch
     log = get_run_logger()
@@ -169,9 +170,12 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
     parent = this_run.get_id() or "local"
     todo = [submit(u, 0) for u in units if not measured(u)]
     done: list[dict[str, Any]] = []
+    seen = {e.measurement.key.id: e.measurement for e in ctx.ledger.entries()}
     with get_client(sync_client=True) as client:
         while todo:
             time.sleep(d.poll_s)
+            if on_point is not None:
+                seen = _report_new(ctx, seen, on_point)
             still = []
             for s in todo:
                 run = client.read_flow_run(s.run.id)
@@ -188,7 +192,18 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
                                 problem[1])
                     still.append(submit(s.unit, s.attempt + 1))
             todo = still
+    if on_point is not None:
+        _report_new(ctx, seen, on_point)
     return done
+
+
+def _report_new(ctx: Any, seen: dict[str, Any], on_point: steps.OnPoint) -> dict[str, Any]:
+    """Call `on_point` with each window recorded (or recorded again) since `seen`."""
+    now = {e.measurement.key.id: e.measurement for e in ctx.ledger.entries()}
+    for point_id, m in now.items():
+        if seen.get(point_id) != m:
+            on_point(m)
+    return now
 
 
 def _problem(ctx: Any, client: Any, s: _Submitted, run: FlowRun, state: str, d: Any
@@ -230,7 +245,7 @@ def _summary(ctx: Any, s: _Submitted, run: FlowRun, state: str, **more: Any) -> 
 def _abandon(ctx: Any, s: _Submitted, run: FlowRun, failure: str, detail: str
              ) -> dict[str, Any]:
     """Record the unit's missing windows as failed: measured nowhere after every attempt."""
-    opened = steps.open_sweep(ctx.overrides)
+    opened = steps.open_sweep(ctx.overrides, sync=False)  # other units may be logging now
     ec, windows, start = steps.unit_of(opened, s.unit.kind, s.unit.key)
     recorded = 0
     if ec is not None:

@@ -1,9 +1,13 @@
 """The sweep as a Prefect flow: prepare -> each engine config -> closing baseline -> decide.
 
+With `dispatch.deployment` set, the engine starts are not tasks of this flow run but flow runs
+of the engine-config deployment on a work pool (`pipelines.dispatch`), a round at a time.
+
 The flow body only sequences tasks. Every task takes serialisable inputs (the overrides, an
 engine hash) and opens the sweep itself from the overrides and the ledger, so any task can run
 in a fresh process or on another worker; finished windows are in the ledger, so a retried or
-re-run task redoes only what is missing. `on_point` (progress) is for in-process runs only.
+re-run task redoes only what is missing. `on_point` (progress) is for in-process callers
+(with a pool, it is fed from the shared ledger).
 """
 
 from __future__ import annotations
@@ -119,9 +123,10 @@ def sweep_flow(overrides: list[str], run_label: str = "",
         return _race(overrides, plan, on_point, on_round)
     if plan["dispatch"]:  # each engine config a flow run on the work pool's workers
         engines = dispatch.fan_out(overrides, [dispatch.Unit("engine", h, n)
-                                               for h, n in plan["engines"]])
+                                               for h, n in plan["engines"]], on_point=on_point)
         closing: Any = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
-                                                                  "baseline (closing)")])
+                                                                  "baseline (closing)")],
+                                        on_point=on_point)
         return {"plan": plan, "engines": engines, "closing": closing,
                 "outcome": decide(overrides)}
     engines = []
@@ -153,7 +158,7 @@ def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | 
         if plan["dispatch"]:  # the round's starts at once, on the work pool's workers
             starts += dispatch.fan_out(overrides, [dispatch.Unit("start", str(seq), name)
                                                    for seq, name in current["starts"]],
-                                       tags=[f"round:{last}"])
+                                       tags=[f"round:{last}"], on_point=on_point)
             continue
         for seq, name in current["starts"]:
             state = measure_start(overrides, seq, name, on_point, return_state=True)

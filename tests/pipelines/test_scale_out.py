@@ -207,3 +207,33 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         for p in reversed(procs):
             if p is not None and p.poll() is None:
                 live.stop(p)
+
+
+_FENCED = """
+import json, signal, sys, time
+from pipelines import dispatch
+dispatch._still_running = lambda run_id: run_id != "lost"  # what the Prefect API would say
+def stopped(signum, frame):
+    print("stopped by SIGTERM", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+with dispatch._lease(sys.argv[2], 0.2, flow_run_id=sys.argv[1]):
+    print("leased", time.time(), flush=True)
+    time.sleep(2)
+print("measured to the end", flush=True)
+"""
+
+
+def test_a_flow_run_that_is_no_longer_running_stops_itself(tmp_path: Path) -> None:
+    """The lease is a fence: a flow run the sweep declared lost (or a person cancelled) stops
+    its process, and with it its engine; one still RUNNING keeps renewing its lease."""
+    lease = tmp_path / "leases" / "engine-x.json"
+    for run_id, last in (("lost", "stopped by SIGTERM"), ("fine", "measured to the end")):
+        out = subprocess.run([sys.executable, "-c", _FENCED, run_id, str(lease)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 0 and out.stdout.splitlines()[-1] == last, out
+        renewed = json.loads(lease.read_text())
+        assert renewed["flow_run_id"] == run_id
+        if run_id == "fine":
+            leased = float(out.stdout.split()[1])
+            assert renewed["t"] > leased + 1.5  # renewed every 0.2 s while it measured

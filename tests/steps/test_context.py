@@ -89,3 +89,54 @@ def test_the_round_planner_gets_each_engines_kv_capacity_from_headroom(tmp_path:
     by_name = {ec.name: kv[ec.hash] for ec in plan.engine_configs}
     # the copy drafter's own KV cache and lookahead slots leave room for fewer requests
     assert 0 < by_name["draft_model-n4"] < by_name["baseline"]
+
+
+def _context(tmp_path: Path, *overrides: str):  # noqa: ANN202 - a Context
+    """A sweep's context without vLLM: composed plan, headroom, windows over a named dataset."""
+    from specflow.config.compose import load_plan
+    from specflow.core.memory import headroom
+    from specflow.engine.runner import plan_windows
+    from specflow.results.ledger import Ledger
+    from specflow.steps.context import Context
+
+    loaded, plan = load_plan(["experiment=cpu_demo", "workload=[chat]", *overrides])
+    s = loaded.spec
+    windows = plan_windows(s.workload, {"chat": tmp_path / "chat.jsonl"}, s.sweep.concurrency,
+                           s.sweep.repeats, s.sweep.warmup_requests)
+    return Context(tuple(overrides), loaded, plan, None,  # type: ignore[arg-type]
+                   Ledger(tmp_path, "sid"),
+                   {ec.hash: headroom(s, ec) for ec in plan.engine_configs}, {}, windows)
+
+
+def test_each_unit_a_worker_is_sent_names_its_engine_and_windows_and_gives_up_on_the_rest(
+        tmp_path: Path) -> None:
+    """What a pool's worker measures for each kind of unit (a grid's engine config, its closing
+    baseline, a race's planned start), and what the sweep records for a unit measured nowhere:
+    its unfinished windows, failed with the reason; finished windows are kept."""
+    from dataclasses import replace
+
+    from specflow.steps import give_up, progress, unit_of
+
+    ctx = _context(tmp_path, "sweep.design=grid", "sweep.closing_baseline_repeats=1")
+    ec = ctx.plan.engine_configs[1]
+    got, windows, start = unit_of(ctx, "engine", ec.hash)
+    assert got == ec and windows == ctx.windows and start is None
+    base, closing, _ = unit_of(ctx, "closing", "baseline")
+    assert base == ctx.baseline() and closing == ctx.closing_windows() and closing
+    from tests.builders import window
+
+    done = replace(window(ec, 100.0, workload="chat", cls="chat"), key=ctx.windows[0].key(ec))
+    ctx.ledger.record(done)
+    assert give_up(ctx, ec, windows, "worker_lost", "flow run x crashed") == len(windows) - 1
+    failed = [m for m in ctx.ledger.measurements() if not m.ok]
+    assert {m.failure for m in failed} == {"worker_lost"} and len(failed) == len(windows) - 1
+    assert ctx.ledger.get(done.key.id).measurement.ok  # kept as it was
+
+    race = _context(tmp_path / "race", "sweep.design=race")
+    current = progress(race).current
+    assert current is not None and current.starts
+    first = current.starts[0]
+    got, windows, start = unit_of(race, "start", str(first.seq))
+    assert start == first and got is not None and got.hash == first.engine_hash
+    assert [w.key(got) for w in windows] == list(first.window_keys())
+    assert unit_of(race, "start", "999") == (None, [], None)  # a start of no current round
