@@ -9,11 +9,11 @@ workers' engines is bound to its own core (VLLM_CPU_OMP_THREADS_BIND), so the tw
 the same cores. Each phase runs the main job (`python -m specflow dispatch.deployment=...`) in a
 workdir and MLflow experiment of its own, so nothing is reused between them.
 
-Prints, per phase: wall time, engine starts, the dispatch overhead per config (the flow run's
-creation to its engine start in the ledger: the worker's poll, the flow-run process, opening
-the sweep) and engine-seconds (engine start to the flow run's end, summed); then one JSON line
-with wall_ratio_2_vs_1, dispatch_overhead_s (median over every config of both phases) and
-configs.
+Prints, per phase: wall time, engine starts, how long configs queued for a free worker (the
+flow run's creation to a worker taking it: PENDING), the dispatch overhead per config (taken to
+its engine start in the ledger: the flow-run process, Prefect's engine, opening the sweep) and
+engine-seconds (engine start to the flow run's end, summed); then one JSON line with
+wall_ratio_2_vs_1, dispatch_overhead_s (median over every config of both phases) and configs.
 """
 
 from __future__ import annotations
@@ -61,9 +61,14 @@ from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
 with get_client(sync_client=True) as client:
     runs = client.read_flow_runs(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(
         any_=[{pool!r}])))
-print(json.dumps([{{"key": r.parameters["key"], "state": r.state.type.value,
-                   "created": r.created.timestamp(),
-                   "end": r.end_time.timestamp() if r.end_time else None}} for r in runs]))
+    out = []
+    for r in runs:
+        pending = [s.timestamp.timestamp() for s in client.read_flow_run_states(r.id)
+                   if s.type.value == "PENDING"]
+        out.append({{"key": r.parameters["key"], "state": r.state.type.value,
+                    "created": r.created.timestamp(), "taken": min(pending, default=None),
+                    "end": r.end_time.timestamp() if r.end_time else None}})
+print(json.dumps(out))
 """
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=120, check=True)
@@ -105,10 +110,12 @@ def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
     (sweep_dir,) = (work / "sweeps").iterdir()
     starts = {e["hash"]: e["t"] for e in Ledger(work, sweep_dir.name).events("engine_start")}
     runs = [r for r in _flow_runs(env, pool) if r["state"] == "COMPLETED"]
-    overhead = [starts[r["key"]] - r["created"] for r in runs if r["key"] in starts]
-    engine_s = sum(r["end"] - starts[r["key"]] for r in runs if r["key"] in starts)
+    ran = [r for r in runs if r["key"] in starts and r["taken"] is not None]
+    overhead = [starts[r["key"]] - r["taken"] for r in ran]
+    queued = [r["taken"] - r["created"] for r in ran]
+    engine_s = sum(r["end"] - starts[r["key"]] for r in ran)
     return {"workers": n, "wall_s": wall, "configs": len(runs), "engine_starts": len(starts),
-            "overhead_s": overhead, "engine_s": engine_s}
+            "overhead_s": overhead, "queued_s": queued, "engine_s": engine_s}
 
 
 def main() -> int:
@@ -141,13 +148,13 @@ def main() -> int:
         live.stop(server)
 
     t = Table(title="the same 4-config sweep on a process work pool")
-    for c in ("workers", "wall s", "configs", "engine starts", "dispatch overhead s (median)",
-              "engine-seconds"):
+    for c in ("workers", "wall s", "configs", "engine starts", "queued s (median)",
+              "dispatch overhead s (median)", "engine-seconds"):
         t.add_column(c, justify="right")
     for p in phases:
         t.add_row(str(p["workers"]), f"{p['wall_s']:.0f}", str(p["configs"]),
-                  str(p["engine_starts"]), f"{statistics.median(p['overhead_s']):.1f}",
-                  f"{p['engine_s']:.0f}")
+                  str(p["engine_starts"]), f"{statistics.median(p['queued_s']):.1f}",
+                  f"{statistics.median(p['overhead_s']):.1f}", f"{p['engine_s']:.0f}")
     console.print(t)
     one, two = phases
     ratio = two["wall_s"] / one["wall_s"]
@@ -158,6 +165,8 @@ def main() -> int:
     print(json.dumps({"wall_ratio_2_vs_1": round(ratio, 3),
                       "dispatch_overhead_s": round(overhead, 1), "configs": one["configs"],
                       "wall_s_1": round(one["wall_s"]), "wall_s_2": round(two["wall_s"]),
+                      "queued_s_1": round(statistics.median(one["queued_s"]), 1),
+                      "queued_s_2": round(statistics.median(two["queued_s"]), 1),
                       "engine_seconds_1": round(one["engine_s"]),
                       "engine_seconds_2": round(two["engine_s"])}))
     return 0

@@ -203,6 +203,19 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
         assert _decision(again.stdout) == decision
         assert len(ledger.events("engine_start")) == 5  # 4 configs + the lost one again
+
+        # the Kubernetes recipe's pool and deployment, registered on the same server (no cluster)
+        live.prefect(client_env, "work-pool", "create", "gpu-k8s", "--type", "kubernetes",
+                     "--base-job-template", str(ROOT / "pipelines/k8s/base-job-template.json"))
+        image = "registry.example.com/specflow:0.1.0"
+        k8s = subprocess.run([sys.executable, "-m", "pipelines.pool", "deploy", "--pool",
+                              "gpu-k8s", "--image", image], cwd=ROOT, env=client_env,
+                             capture_output=True, text=True, timeout=180, check=False)
+        assert k8s.returncode == 0, k8s.stdout[-2000:] + k8s.stderr[-3000:]
+        shown = live.prefect(client_env, "deployment", "inspect", "specflow-engine-config/gpu-k8s")
+        assert image in shown and "pipelines/dispatch.py:engine_config_flow" in shown
+        pool = live.prefect(client_env, "work-pool", "inspect", "gpu-k8s")
+        assert "nvidia.com/gpu" in pool and "gpu_count" in pool
     finally:
         for p in reversed(procs):
             if p is not None and p.poll() is None:
