@@ -10,7 +10,8 @@ crashed or failed, up to `dispatch.retries` times. The worker writes every windo
 shared ledger and to MLflow itself; a resubmitted unit measures only the windows the ledger
 does not hold, so nothing is measured or logged twice. A unit that could not be measured
 anywhere has its missing windows recorded as failed (`worker_lost`, `no_worker`) and the sweep
-goes on to its decision, which says what is missing.
+goes on to its decision, which says what is missing. A sweep that stops (Ctrl-C, SIGTERM)
+cancels the flow runs it has in flight; their leases' fence stops their engines.
 """
 
 from __future__ import annotations
@@ -172,29 +173,41 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
     done: list[dict[str, Any]] = []
     seen = {e.measurement.key.id: e.measurement for e in ctx.ledger.entries()}
     with get_client(sync_client=True) as client:
-        while todo:
-            time.sleep(d.poll_s)
-            if on_point is not None:
-                seen = _report_new(ctx, seen, on_point)
-            still = []
+        try:
+            while todo:
+                time.sleep(d.poll_s)
+                if on_point is not None:
+                    seen = _report_new(ctx, seen, on_point)
+                todo = _poll(ctx, client, todo, done, submit, d)
+        except BaseException:  # Ctrl-C, SIGTERM, a bug: nothing measures on without the sweep
             for s in todo:
-                run = client.read_flow_run(s.run.id)
-                state = run.state.type.value if run.state is not None else "SCHEDULED"
-                problem = _problem(ctx, client, s, run, state, d)
-                if state == "COMPLETED":
-                    done.append(_summary(ctx, s, run, state))
-                elif problem is None:
-                    still.append(s)
-                elif problem[0] == "no_worker" or s.attempt >= d.retries:
-                    done.append(_abandon(ctx, s, run, *problem))
-                else:
-                    log.warning("%s %s: %s; submitting it again", s.unit.kind, s.unit.name,
-                                problem[1])
-                    still.append(submit(s.unit, s.attempt + 1))
-            todo = still
+                client.set_flow_run_state(s.run.id, Cancelled(
+                    message="the sweep that submitted it stopped"), force=True)
+            raise
     if on_point is not None:
         _report_new(ctx, seen, on_point)
     return done
+
+
+def _poll(ctx: Any, client: Any, todo: list[_Submitted], done: list[dict[str, Any]],
+          submit: Any, d: Any) -> list[_Submitted]:
+    """One look at every unit in flight: the ones still in flight (resubmitted ones too)."""
+    log = get_run_logger()
+    still = []
+    for s in todo:
+        run = client.read_flow_run(s.run.id)
+        state = run.state.type.value if run.state is not None else "SCHEDULED"
+        problem = _problem(ctx, client, s, run, state, d)
+        if state == "COMPLETED":
+            done.append(_summary(ctx, s, run, state))
+        elif problem is None:
+            still.append(s)
+        elif problem[0] == "no_worker" or s.attempt >= d.retries:
+            done.append(_abandon(ctx, s, run, *problem))
+        else:
+            log.warning("%s %s: %s; submitting it again", s.unit.kind, s.unit.name, problem[1])
+            still.append(submit(s.unit, s.attempt + 1))
+    return still
 
 
 def _report_new(ctx: Any, seen: dict[str, Any], on_point: steps.OnPoint) -> dict[str, Any]:
