@@ -42,33 +42,42 @@ def check_devices(ctx: Context) -> None:
                            "devices (CUDA_VISIBLE_DEVICES)")
 
 
+def _failed(ec: EngineConfig, w: Window, failure: str, detail: str,
+            start: rounds.Start | None = None) -> Measurement:
+    """Window `w` of `ec` recorded as failed without being measured (`failure`: why)."""
+    m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
+                    num_speculative_tokens=ec.num_speculative_tokens,
+                    traffic_class=w.traffic_class, status="failed", failure=failure,
+                    failure_detail=detail)
+    return m if start is None else replace(m, seq=start.seq, stage=start.stage,
+                                           round=start.round)
+
+
+def _record_failed(ctx: Context, ec: EngineConfig, windows: Sequence[Window], failure: str,
+                   detail: str, start: rounds.Start | None = None,
+                   on_point: OnPoint | None = None) -> int:
+    """Record (and log) each window of `windows` as failed; returns how many."""
+    for w in windows:
+        m = _failed(ec, w, failure, detail, start)
+        ctx.ledger.record(m)
+        ctx.log(m)
+        if on_point is not None:
+            on_point(m)
+    return len(windows)
+
+
 def give_up(ctx: Context, ec: EngineConfig, windows: Sequence[Window], failure: str,
             detail: str, start: rounds.Start | None = None) -> int:
     """Record the unfinished windows of `windows` as failed (`failure`): a config that could
     not be measured anywhere. A later run measures them again. Returns how many."""
     finished = ctx.ledger.finished()
-    n = 0
-    for w in windows:
-        if w.key(ec).id in finished:
-            continue
-        m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
-                        num_speculative_tokens=ec.num_speculative_tokens,
-                        traffic_class=w.traffic_class, status="failed", failure=failure,
-                        failure_detail=detail)
-        if start is not None:
-            m = replace(m, seq=start.seq, stage=start.stage, round=start.round)
-        ctx.ledger.record(m)
-        ctx.log(m)
-        n += 1
-    return n
+    return _record_failed(ctx, ec, [w for w in windows if w.key(ec).id not in finished],
+                          failure, detail, start)
 
 
 def _refused(ec: EngineConfig, windows: Sequence[Window], h: Headroom) -> list[Measurement]:
-    return [Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
-                        num_speculative_tokens=ec.num_speculative_tokens,
-                        traffic_class=w.traffic_class, status="failed",
-                        failure="refused_by_headroom",
-                        failure_detail="; ".join(h.reasons + h.fixes)) for w in windows]
+    return [_failed(ec, w, "refused_by_headroom", "; ".join(h.reasons + h.fixes))
+            for w in windows]
 
 
 def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
@@ -166,37 +175,24 @@ def progress(ctx: Context) -> rounds.Progress:
 def run_start(ctx: Context, seq: int, on_point: OnPoint | None = None) -> dict[str, Any]:
     """Measure the engine start at position `seq` of the current round (nothing when that round
     is over: a retried task finds its windows finished)."""
-    current = progress(ctx).current
-    start = next((s for s in current.starts if s.seq == seq), None) if current else None
-    if start is None:
+    return _run_start(ctx, seq, *unit_of(ctx, "start", str(seq)), on_point)
+
+
+def _run_start(ctx: Context, seq: int, ec: EngineConfig | None, windows: Sequence[Window],
+               start: rounds.Start | None, on_point: OnPoint | None) -> dict[str, Any]:
+    if ec is None or start is None:
         return {"engine": None, "seq": seq, "skipped": 0, "ok": 0, "failed": 0, "started": False}
-    derived = progress(ctx).derived
-    ec = derived.get(start.engine_hash) or ctx.engine(start.engine_hash)
-    if ec.hash in derived:
-        ctx.headroom.setdefault(ec.hash, headroom(ctx.spec, ec))
+    if ec.hash not in ctx.headroom:  # an N schedule derived by the race
+        ctx.headroom[ec.hash] = headroom(ctx.spec, ec)
         schedule = (ec.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
         error = probe.check_schedule(schedule, ctx.spec.backend.vllm_command) if schedule else None
-        if error is not None:
-            return _schedule_refused(ctx, ec, start, error, on_point)
-    summary = run_config(ctx, ec, ctx.start_windows(start), on_point, start)
+        if error is not None:  # the installed vLLM rejects it: its windows fail, no start
+            failed = _record_failed(ctx, ec, windows, "schedule_rejected", error, start,
+                                    on_point)
+            return {"engine": ec.name, "hash": ec.hash, "seq": start.seq, "skipped": 0,
+                    "ok": 0, "failed": failed, "started": False}
+    summary = run_config(ctx, ec, windows, on_point, start)
     return {**summary, "seq": seq, "block": start.block, "stage": start.stage}
-
-
-def _schedule_refused(ctx: Context, ec: EngineConfig, start: rounds.Start, error: str,
-                      on_point: OnPoint | None) -> dict[str, Any]:
-    """The installed vLLM rejects the schedule: its windows fail with the reason, no start."""
-    for w in ctx.start_windows(start):
-        m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
-                        num_speculative_tokens=ec.num_speculative_tokens,
-                        traffic_class=w.traffic_class, status="failed",
-                        failure="schedule_rejected", failure_detail=error, seq=start.seq,
-                        stage=start.stage, round=start.round)
-        ctx.ledger.record(m)
-        ctx.log(m)
-        if on_point is not None:
-            on_point(m)
-    return {"engine": ec.name, "hash": ec.hash, "seq": start.seq, "skipped": 0, "ok": 0,
-            "failed": len(start.window_keys()), "started": False}
 
 
 def log_round(ctx: Context, progress: rounds.Progress) -> None:
@@ -238,12 +234,12 @@ def unit_of(ctx: Context, kind: str, key: str
         if base is None or not ctx.spec.sweep.closing_baseline_repeats:
             return None, [], None
         return base, ctx.closing_windows(), None
-    current = progress(ctx).current
+    p = progress(ctx)
+    current = p.current
     start = next((s for s in current.starts if s.seq == int(key)), None) if current else None
     if start is None:
         return None, [], None
-    derived = progress(ctx).derived
-    return derived.get(start.engine_hash) or ctx.engine(start.engine_hash), \
+    return p.derived.get(start.engine_hash) or ctx.engine(start.engine_hash), \
         ctx.start_windows(start), start
 
 
@@ -253,11 +249,11 @@ def run_unit(ctx: Context, kind: str, key: str, on_point: OnPoint | None = None
     unlogged; raises EngineStartFailed when a retry may help and DevicesShort when this
     worker's device set cannot hold the engine."""
     check_devices(ctx)
-    ec, _, _ = unit_of(ctx, kind, key)
+    ec, windows, start = unit_of(ctx, kind, key)
     if ec is not None:
         ctx.synced = ctx.push_unlogged({ec.hash})
     if kind == "engine":
         return measure(ctx, key, on_point)
     if kind == "closing":
         return run_closing_baseline(ctx, on_point)
-    return run_start(ctx, int(key), on_point)
+    return _run_start(ctx, int(key), ec, windows, start, on_point)
