@@ -30,6 +30,11 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    # The engines the tests start run vLLM's single-process executor (the model worker inside
+    # the engine-core process; API server and engine core stay two processes): each start is
+    # ~9 s shorter without the worker process's imports, and tiny models decode a few tokens.
+    # vLLM's default (`mp`) runs in the multirun main job (tests/pipelines/test_pipeline.py).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.pop("SPECFLOW_CONF", None)
 
 

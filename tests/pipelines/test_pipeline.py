@@ -58,8 +58,14 @@ def _args(tmp: Path, models: Path, *extra: str, uri: str | None = None) -> list[
             f"promote.output_dir={tmp / 'promoted'}", *extra]
 
 
-def _run(tmp: Path, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specflow", *args], cwd=tmp, env=_env(tmp),
+def _run(tmp: Path, args: list[str], timeout: float = 900, *, vllm_executor: bool = False
+         ) -> subprocess.CompletedProcess:
+    """The main job; `vllm_executor`: with vLLM's executor choice, as a user runs it (the suite's
+    engines otherwise run the single-process one, tests/conftest.py)."""
+    env = _env(tmp)
+    if vllm_executor:
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    return subprocess.run([sys.executable, "-m", "specflow", *args], cwd=tmp, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -295,7 +301,7 @@ def test_multirun_sweeps_each_valid_combination_and_reports_the_invalid(tmp_path
     proc = _run(tmp_path, ["-m", *_args(tmp_path, models, "drafter=[none]",
                                         "sweep.closing_baseline_repeats=0",
                                         "workload.chat.max_tokens=8,-1",
-                                        "sweep.warmup_requests=1,-2")])
+                                        "sweep.warmup_requests=1,-2")], vllm_executor=True)
     out, errs = proc.stdout, proc.stderr
     assert proc.returncode == 2, errs[-3000:]
     assert "Traceback" not in out + errs, errs[-3000:]
@@ -313,6 +319,10 @@ def test_multirun_sweeps_each_valid_combination_and_reports_the_invalid(tmp_path
     assert out.count("decision per traffic class and concurrency band") == 1
     parents = [r for r in _all_runs(tmp_path) if r.data.tags.get("specflow.kind") == "sweep"]
     assert len(parents) == 1 and len(list((tmp_path / "work" / "sweeps").iterdir())) == 1
+    # the CPU default: vLLM's multiprocess executor, its model worker a process of its own
+    (log,) = [p for p in (tmp_path / "work").rglob("engines/baseline-*.log")
+              if not p.name.endswith(".loadgen.log")]
+    assert "(Worker pid=" in log.read_text(errors="replace")
 
 
 def _count_starts(tmp: Path) -> int:
