@@ -183,17 +183,18 @@ class BenchDriver:
         return sorted(self._seen)
 
     def close(self, graceful: bool = True) -> None:
-        """End the driver: close its stdin if it is idle, then kill what is left of its group."""
+        """End the driver: close its stdin if it is idle, then kill its group.
+
+        An idle driver has flushed every answer and job log (bench_driver flushes both before
+        it answers), so nothing is lost by not waiting for its interpreter's shutdown with vLLM
+        imported, which measured 2.6 s per engine start here."""
         if self.proc is None:
             return
         proc, self.proc = self.proc, None
-        if graceful and self._ready:  # idle between jobs: it exits at the end of its stdin
-            try:
+        if graceful and self._ready:  # idle between jobs: the end of its stdin is its exit
+            with contextlib.suppress(OSError):
                 if proc.stdin:
                     proc.stdin.close()
-                proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
         self._ready = False
         kill_group(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
