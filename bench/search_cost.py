@@ -31,6 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from specflow.cli import orchestration_env
 from specflow.core import predict, rounds
 from specflow.core.analysis import Analysis
 from specflow.demo import tiny
@@ -51,6 +52,7 @@ def _overrides(models: Path, out: Path, n_max: int) -> list[str]:
 
 
 def _sweep(overrides: list[str]) -> dict[str, Any]:
+    orchestration_env()  # as `python -m specflow` runs it: no telemetry, quiet logs
     from pipelines.sweep import run
 
     started = time.monotonic()

@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python bench/vs_vllm_sweep.py [--workdir DIR] [--runs 3] [--n "[1,3,5]"]
      [--prompts 16] [--tokens 64] [--order specflow,vllm]
+     [--paired baseline,ngram-n3,draft_model-n3] [--paired-only]
 
 The grid: the tiny fp32 target on the CPU engine; the baseline, n-gram at N=1,3,5 and the draft
 model (the target's copy) at N=1,3,5; concurrency 1 and 4; `--runs` windows per point; 16
@@ -12,19 +13,27 @@ ledger, MLflow, the closing baseline). vLLM's sweep gets the same engines (each 
 dataset specflow materialised) and the same bench settings, and runs its own loop: one engine
 start per config, one `vllm bench serve` process per run.
 
+The two grids run one after the other, minutes apart, on a machine whose speed drifts (a shared
+machine: the same baseline window measured 178 and 350 tok/s ten minutes apart), so their
+per-config throughputs compare the machine at two times as much as the two tools. The agreement
+of the measurements is taken where drift cancels: for the `--paired` configs, one engine start
+each, and on it specflow's window (its runner and bench driver) and a `vllm bench serve` run
+against the same server alternate at every repeat and concurrency, the order swapped each repeat.
+
 Prints the wall time of each, where specflow's time went (engine starts, measured requests, the
-rest), and per config and concurrency both tools' median output throughput and acceptance
-length. The last line is one JSON object: wall_ratio (specflow / vLLM sweep),
+rest), per config and concurrency both grids' median output throughput and acceptance length,
+and the paired table. The last line is one JSON object: wall_ratio (specflow / vLLM sweep),
 overhead_fraction (specflow's time beyond engine starts and measured requests, over its wall),
-throughput_agreement_median (median over configs and levels of specflow / vLLM - 1) and its
-worst, the walls and the counts.
+throughput_agreement_median / _worst (paired, median over configs and levels of specflow /
+vLLM - 1), mal_agreement_worst, grid_throughput_ratio_median / _worst (the two grids), the walls
+and the counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import re
 import shlex
 import statistics
@@ -35,13 +44,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import scipy.stats
 from rich.console import Console
 from rich.table import Table
 
+from specflow.cli import orchestration_env
 from specflow.core.compile import EngineConfig
+from specflow.core.schema import LocalBackend
 from specflow.demo import tiny
 from specflow.engine.launcher import vllm_command
-from specflow.engine.server import free_port
+from specflow.engine.server import LocalEngine, free_port
 from specflow.steps.context import Context, open_sweep
 
 console = Console(width=120)
@@ -63,6 +75,7 @@ def _overrides(models: Path, out: Path, a: argparse.Namespace) -> list[str]:
 
 
 def _specflow(overrides: list[str]) -> dict[str, Any]:
+    orchestration_env()  # as `python -m specflow` runs it: no telemetry, quiet logs
     from pipelines.sweep import run
 
     started = time.monotonic()
@@ -102,13 +115,7 @@ def _vllm_sweep(ctx: Context, work: Path, a: argparse.Namespace) -> dict[str, An
         "speculative_config": ec.speculative_config,
         # as specflow serves a speculative engine (per-request acceptance in each response)
         "per_request_spec_decode_metrics": "summary"} for ec in ctx.plan.engine_configs}
-    dataset = ctx.datasets["random_tokens"].path
-    bench = [vllm, "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
-             "--model", ctx.spec.target.name, "--tokenizer", ctx.spec.target.model,
-             "--dataset-name", "custom", "--dataset-path", str(dataset), "--disable-shuffle",
-             "--no-oversample", "--skip-chat-template", "--custom-output-len", str(a.tokens),
-             "--seed", "0", "--temperature", "0.0", "--num-prompts", str(a.prompts),
-             "--disable-tqdm"]
+    bench = _bench_cmd(vllm, ctx, f"http://127.0.0.1:{port}", a)
     (work / "serve_params.json").write_text(json.dumps(serve_params, indent=1))
     (work / "bench_params.json").write_text(json.dumps(
         {f"c{c}": {"max_concurrency": c} for c in ctx.spec.sweep.concurrency}, indent=1))
@@ -117,9 +124,9 @@ def _vllm_sweep(ctx: Context, work: Path, a: argparse.Namespace) -> dict[str, An
             "--bench-params", str(work / "bench_params.json"), "--num-runs", str(a.runs),
             "--warmup-num-prompts", "2", "-o", str(work / "results"), "-e", "grid",
             "--continue-on-error"]
-    env = {**os.environ, **ctx.spec.backend.env,
-           # what specflow's engine gets with distributed_executor_backend=uni (server.py)
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # the environment specflow's engine gets (its defaults, the backend's, the executor's)
+    assert isinstance(ctx.spec.backend, LocalBackend), "the comparison serves engines locally"
+    env = LocalEngine(base, ctx.spec.backend, work / "logs").env
     started = time.monotonic()
     with open(work / "sweep.log", "wb") as log:
         subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=True,
@@ -141,6 +148,69 @@ def _vllm_sweep(ctx: Context, work: Path, a: argparse.Namespace) -> dict[str, An
             "windows": sum(len(v) for v in points.values())}
 
 
+def _bench_cmd(vllm: str, ctx: Context, base_url: str, a: argparse.Namespace) -> list[str]:
+    """`vllm bench serve` on the dataset specflow materialised, with specflow's bench settings."""
+    dataset = ctx.datasets["random_tokens"].path
+    return [vllm, "bench", "serve", "--backend", "vllm", "--base-url", base_url,
+            "--model", ctx.spec.target.name, "--tokenizer", ctx.spec.target.model,
+            "--dataset-name", "custom", "--dataset-path", str(dataset), "--disable-shuffle",
+            "--no-oversample", "--skip-chat-template", "--custom-output-len", str(a.tokens),
+            "--seed", "0", "--temperature", "0.0", "--num-prompts", str(a.prompts),
+            "--disable-tqdm"]
+
+
+def _bench_run(vllm: str, ctx: Context, url: str | None, w: Any, work: Path, engine: str,
+               env: dict[str, str], a: argparse.Namespace) -> tuple[float, float | None]:
+    """One `vllm bench serve` run on a running engine: its output throughput and MAL."""
+    assert url is not None
+    name = f"{engine}-c{w.concurrency}-r{w.repeat}.json"
+    argv = [*_bench_cmd(vllm, ctx, url, a), "--max-concurrency", str(w.concurrency),
+            "--num-warmups", "0", "--ready-check-timeout-sec", "0", "--save-result",
+            "--result-dir", str(work / "results"), "--result-filename", name]
+    with open(work / f"{engine}.bench.log", "ab") as log:
+        subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=True,
+                       timeout=600)
+    r = json.loads((work / "results" / name).read_text())
+    return float(r["output_throughput"]), r.get("spec_decode_acceptance_length")
+
+
+def _paired(ctx: Context, work: Path, a: argparse.Namespace) -> dict[tuple[str, int], Any]:
+    """Both tools' measurement on the same running engine, alternating: per config, one engine
+    start; at each repeat and concurrency, a specflow window (its runner and bench driver, the
+    main job's code path) and a `vllm bench serve` run against the same server, the one first
+    and then the other, the order swapped every repeat. Machine drift between the two
+    whole-grid runs cancels out here: what is left is the measurement's own difference."""
+    from specflow.engine.runner import run_engine
+
+    assert isinstance(ctx.spec.backend, LocalBackend), "the comparison serves engines locally"
+    vllm = str(_launcher(work / "bin"))
+    names = a.paired.split(",")
+    windows = [w for w in ctx.windows if w.repeat < a.runs]  # repeats outermost
+    out: dict[tuple[str, int], Any] = {}
+    for ec in (ec for ec in ctx.plan.engine_configs if ec.name in names):
+        env = LocalEngine(ec, ctx.spec.backend, work / "logs").env
+        runs = run_engine(ec, ctx.spec.backend, windows, work / ec.name,
+                          tokenizer=ctx.spec.target.model)
+        url: str | None = None
+        try:
+            for w in windows:
+                vllm_first = url is not None and w.repeat % 2 == 1
+                v = _bench_run(vllm, ctx, url, w, work, ec.name, env, a) if vllm_first else None
+                m = next(runs)
+                if not m.ok:
+                    raise RuntimeError(f"{ec.name}: {m.failure}: {m.failure_detail[-2000:]}")
+                if url is None:
+                    url = json.loads(Path(m.artifacts["engine_record"]).read_text())["base_url"]
+                if v is None:
+                    v = _bench_run(vllm, ctx, url, w, work, ec.name, env, a)
+                pair = out.setdefault((ec.name, w.concurrency), {"specflow": [], "vllm": []})
+                pair["specflow"].append((m.output_throughput, m.mean_acceptance_length))
+                pair["vllm"].append(v)
+        finally:
+            runs.close()
+    return out
+
+
 def _join(argv: list[str]) -> str:
     """vLLM's sweep takes its commands as one string and splits it with shlex."""
     return shlex.join(argv)
@@ -160,19 +230,32 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64, help="prompt and output length")
     parser.add_argument("--order", default="specflow,vllm", choices=["specflow,vllm",
                                                                       "vllm,specflow"])
+    parser.add_argument("--paired", default="baseline,ngram-n3,draft_model-n3",
+                        help="configs measured by both tools on one engine, alternating")
+    parser.add_argument("--paired-only", action="store_true", help="skip the two grids")
     a = parser.parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="vs_vllm_sweep-"))
     models = work / "models"
     tiny.build_all(models)
     overrides = _overrides(models, work / "specflow", a)
     ctx = open_sweep(overrides, tracking=False)  # materialises the dataset both tools replay
-    results: dict[str, dict[str, Any]] = {}
-    for tool in a.order.split(","):
-        results[tool] = (_specflow(overrides) if tool == "specflow"
-                         else _vllm_sweep(ctx, work / "vllm", a))
-        console.print(f"{tool}: {results[tool]['wall_s']:.0f} s")
-    sf, vs = results["specflow"], results["vllm"]
+    figures: dict[str, Any] = {}
+    if not a.paired_only:
+        results: dict[str, dict[str, Any]] = {}
+        for tool in a.order.split(","):
+            results[tool] = (_specflow(overrides) if tool == "specflow"
+                             else _vllm_sweep(ctx, work / "vllm", a))
+            console.print(f"{tool}: {results[tool]['wall_s']:.0f} s")
+        figures |= _grids(ctx, results["specflow"], results["vllm"])
+    if a.paired:
+        figures |= _agreement(_paired(ctx, work / "paired", a))
+    figures |= {"order": a.order, "workdir": str(work)}
+    print(json.dumps(figures))
+    return 0
 
+
+def _grids(ctx: Context, sf: dict[str, Any], vs: dict[str, Any]) -> dict[str, Any]:
+    """The two grids' tables and figures: wall time, where specflow's went, per-config medians."""
     starts = sum(sf["starts_s"])
     beyond = sf["wall_s"] - starts - sf["measured_s"]
     t = Table(title="wall time")
@@ -185,37 +268,75 @@ def main() -> int:
               "-", str(vs["windows"]), f"{vs['measured_s']:.0f}", "-")
     console.print(t)
 
-    p = Table(title="median output throughput (tok/s) and acceptance length per config")
+    p = Table(title="the two grids: median output throughput (tok/s) and acceptance length")
     for c in ("config", "c", "specflow", "vLLM sweep", "ratio", "MAL specflow", "MAL vLLM"):
         p.add_column(c, justify="right")
-    ratios: list[float] = []
+    diffs: list[float] = []
     for key in sorted(set(sf["points"]) & set(vs["points"])):
         s, v = sf["points"][key], vs["points"][key]
         st, vt = _median([x[0] for x in s]), _median([x[0] for x in v])
         sm, vm = _median([x[1] for x in s]), _median([x[1] for x in v])
         ratio = st / vt if st and vt else None
         if ratio is not None:
-            ratios.append(ratio)
+            diffs.append(ratio - 1)
         p.add_row(key[0], str(key[1]), f"{st:.1f}" if st else "-", f"{vt:.1f}" if vt else "-",
                   f"{ratio:.3f}" if ratio else "-", f"{sm:.3f}" if sm else "-",
                   f"{vm:.3f}" if vm else "-")
     console.print(p)
-    diffs = [r - 1 for r in ratios]
-    figures = {
+    return {
         "wall_ratio": round(sf["wall_s"] / vs["wall_s"], 3),
         "overhead_fraction": round(beyond / sf["wall_s"], 3),
-        "throughput_agreement_median": round(statistics.median(diffs), 4) if diffs else None,
-        "throughput_agreement_worst": round(max(diffs, key=abs), 4) if diffs else None,
+        # minutes apart on a drifting machine: the machine's drift as much as the tools
+        "grid_throughput_ratio_median": round(statistics.median(diffs), 4) if diffs else None,
+        "grid_throughput_ratio_worst": round(max(diffs, key=abs), 4) if diffs else None,
         "specflow_wall_s": round(sf["wall_s"]), "vllm_sweep_wall_s": round(vs["wall_s"]),
         "specflow_engine_starts": len(sf["starts_s"]),
         "specflow_engine_start_s": round(starts), "specflow_measured_s": round(sf["measured_s"]),
         "specflow_beyond_s": round(beyond), "specflow_windows": sf["windows"],
         "vllm_windows": vs["windows"], "vllm_measured_s": round(vs["measured_s"]),
-        "failed": {"specflow": sf["failed"], "vllm": vs["failed"]}, "order": a.order,
-        "workdir": str(work),
+        "failed": {"specflow": sf["failed"], "vllm": vs["failed"]},
     }
-    print(json.dumps(figures))
-    return 0
+
+
+def _agreement(paired: dict[tuple[str, int], Any]) -> dict[str, Any]:
+    """The paired table and figures: the measurements' own difference, drift cancelled."""
+    q = Table(title="one engine, both tools alternating: median output throughput (tok/s)")
+    for c in ("config", "c", "pairs", "specflow", "vllm bench serve", "paired ratio",
+              "MAL specflow", "MAL vLLM"):
+        q.add_column(c, justify="right")
+    agree: list[float] = []
+    mal_agree: list[float] = []
+    for (name, c), pair in sorted(paired.items()):
+        st, vt = (_median([x[0] for x in pair[t]]) for t in ("specflow", "vllm"))
+        sm, vm = (_median([x[1] for x in pair[t]]) for t in ("specflow", "vllm"))
+        # the median of the pairs' ratios: each pair ran back to back on one engine
+        ratio = statistics.median(x[0] / y[0] for x, y in zip(pair["specflow"], pair["vllm"],
+                                                              strict=True))
+        agree.append(ratio - 1)
+        if sm and vm:
+            mal_agree.append(sm / vm - 1)
+        q.add_row(name, str(c), str(len(pair["specflow"])), f"{st:.1f}", f"{vt:.1f}",
+                  f"{ratio:.3f}", f"{sm:.3f}" if sm else "-", f"{vm:.3f}" if vm else "-")
+    console.print(q)
+    # every pair pooled: the geometric-mean ratio and its 95% t-interval (log scale), i.e. how
+    # far apart the two measurements are and how well this machine's noise lets that be told
+    logs = [math.log(x[0] / y[0]) for pair in paired.values()
+            for x, y in zip(pair["specflow"], pair["vllm"], strict=True)]
+    mean, half = statistics.fmean(logs), 0.0
+    if len(logs) > 1:
+        half = float(scipy.stats.t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(
+            len(logs))
+    ci = [round(math.exp(mean - half) - 1, 4), round(math.exp(mean + half) - 1, 4)]
+    console.print(f"all {len(logs)} pairs: specflow/vLLM {math.exp(mean):.3f}, 95% interval "
+                  f"[{1 + ci[0]:.3f}, {1 + ci[1]:.3f}]")
+    return {
+        "throughput_agreement_pooled": round(math.exp(mean) - 1, 4),
+        "throughput_agreement_ci95": ci, "pairs": len(logs),
+        "throughput_agreement_median": round(statistics.median(agree), 4),
+        "throughput_agreement_worst": round(max(agree, key=abs), 4),
+        "mal_agreement_worst": round(max(mal_agree, key=abs), 4) if mal_agree else None,
+        "paired_configs": sorted({name for name, _ in paired}),
+    }
 
 
 if __name__ == "__main__":

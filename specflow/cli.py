@@ -145,7 +145,7 @@ def default_overrides(overrides: list[str], say: bool = True) -> list[str]:
     return ["experiment=cpu_demo", *overrides]
 
 
-def _orchestration_env() -> None:
+def orchestration_env() -> None:
     """Embedded defaults: Prefect's temporary local API, quiet logs, no telemetry."""
     import os
 
@@ -181,7 +181,7 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     loaded, plan = _checked_plan(overrides, flags)  # invalid input: exit 2 before Prefect starts
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
-    _orchestration_env()
+    orchestration_env()
     _sigterm_interrupts()
     from pipelines.sweep import run
 
