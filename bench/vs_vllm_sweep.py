@@ -53,7 +53,7 @@ from specflow.core.compile import EngineConfig
 from specflow.core.schema import LocalBackend
 from specflow.demo import tiny
 from specflow.engine.launcher import vllm_command
-from specflow.engine.server import LocalEngine, free_port
+from specflow.engine.server import engine_env, free_port
 from specflow.steps.context import Context, open_sweep
 
 console = Console(width=120)
@@ -126,7 +126,7 @@ def _vllm_sweep(ctx: Context, work: Path, a: argparse.Namespace) -> dict[str, An
             "--continue-on-error"]
     # the environment specflow's engine gets (its defaults, the backend's, the executor's)
     assert isinstance(ctx.spec.backend, LocalBackend), "the comparison serves engines locally"
-    env = LocalEngine(base, ctx.spec.backend, work / "logs").env
+    env = engine_env(base, ctx.spec.backend)
     started = time.monotonic()
     with open(work / "sweep.log", "wb") as log:
         subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=True,
@@ -188,7 +188,7 @@ def _paired(ctx: Context, work: Path, a: argparse.Namespace) -> dict[tuple[str, 
     windows = [w for w in ctx.windows if w.repeat < a.runs]  # repeats outermost
     out: dict[tuple[str, int], Any] = {}
     for ec in (ec for ec in ctx.plan.engine_configs if ec.name in names):
-        env = LocalEngine(ec, ctx.spec.backend, work / "logs").env
+        env = engine_env(ec, ctx.spec.backend)
         runs = run_engine(ec, ctx.spec.backend, windows, work / ec.name,
                           tokenizer=ctx.spec.target.model)
         url: str | None = None

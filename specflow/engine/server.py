@@ -328,6 +328,19 @@ class Endpoint(Server):
                              f"{status or 'nothing'}")
 
 
+def engine_env(ec: EngineConfig, backend: LocalBackend) -> dict[str, str]:
+    """The environment `vllm serve` runs in for `ec`: specflow's defaults, this process's, the
+    backend's, what the executor needs and the API key the backend names."""
+    env = {**DEFAULT_ENV, **os.environ, **backend.env}
+    if argv_value(ec.serve_argv, "--distributed-executor-backend") == "uni":
+        # vLLM's CPU platform turns `uni` back into `mp` unless this is 0; `vllm serve`
+        # keeps its engine core in a process of its own either way.
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if backend.api_key_env and os.environ.get(backend.api_key_env):
+        env["VLLM_API_KEY"] = os.environ[backend.api_key_env]  # vllm serve reads it
+    return env
+
+
 class LocalEngine(Server):
     """`vllm serve` for one EngineConfig in its own process group; a context manager.
 
@@ -342,13 +355,7 @@ class LocalEngine(Server):
         self.stop_timeout_s = stop_timeout_s
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{ec.name}-{ec.hash}.log"
-        self.env = {**DEFAULT_ENV, **os.environ, **backend.env}
-        if argv_value(ec.serve_argv, "--distributed-executor-backend") == "uni":
-            # vLLM's CPU platform turns `uni` back into `mp` unless this is 0; `vllm serve`
-            # keeps its engine core in a process of its own either way.
-            self.env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if backend.api_key_env and os.environ.get(backend.api_key_env):
-            self.env["VLLM_API_KEY"] = os.environ[backend.api_key_env]  # vllm serve reads it
+        self.env = engine_env(ec, backend)
         self.api_key = argv_value(ec.serve_argv, "--api-key") or self.env.get("VLLM_API_KEY") \
             or None
         self.model_name = served_model_name(ec)
