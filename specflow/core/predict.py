@@ -21,8 +21,10 @@ the sampling error of MAL(k) between windows, and `MODEL_ERROR` for the linear c
 Parallel drafters (DFlash, DSpark), suffix decoding, adaptive verification and per-batch N
 schedules break the chain assumption: every engine of theirs is measured.
 
-Pure: no I/O. The racing rounds (`rounds`) use `chains` to measure the probes first and
-`predict` to decide what else can still win; a config is never promoted on a prediction.
+Pure: no I/O. The racing rounds (`rounds`) use `chains` to measure the probes first,
+`predict` to decide what else can still beat the baseline and `ratio_to_probe` to rank the N
+values of one series against each other (free of the probe's engine-start effect); a config is
+never promoted on a prediction.
 """
 
 from __future__ import annotations
@@ -161,6 +163,26 @@ def predict(acc: Acceptance, probe: tuple[float, float, float], n: int, probe_n:
     return Prediction(speedup_at(acc, value, n, probe_n),
                       speedup_at(acc, lo, n, probe_n) * widen_lo,
                       speedup_at(acc, hi, n, probe_n) * widen_hi, mal)
+
+
+def ratio_to_probe(acc: Acceptance, probe_speedup: float, n: int, probe_n: int,
+                   z: float = 1.96) -> tuple[float, float, float]:
+    """The predicted speedup at N = n over the probe's own measured speedup: (value, lower
+    bound, upper bound). Both rest on the probe's engine start and the same baseline, so that
+    start's effect and the baseline's noise cancel. What is left: MAL(n)'s sampling error (z
+    standard errors) and the cost fit's, MODEL_ERROR of the step cost the prediction interpolates
+    across (none at N = probe_n, none where drafting costs nothing: the fit is exact at both
+    ends). The cost slope comes from the probe's point estimate."""
+    if probe_speedup <= 0:
+        return 0.0, 0.0, math.inf
+    value = speedup_at(acc, probe_speedup, n, probe_n) / probe_speedup
+    mal = acc.mal(n)
+    rel = z * acc.mal_se(n) / mal if mal > 0 else 0.0
+    top = acc.mal(probe_n) / probe_speedup  # T(N_max) / T(0)
+    at_n = 1.0 + (n / probe_n) * (top - 1.0)
+    fit = MODEL_ERROR * abs(1.0 - at_n / top) if top > 0 else MODEL_ERROR
+    return (value, value * max(0.0, 1.0 - rel) * (1.0 - fit),
+            value * (1.0 + rel) * (1.0 + fit))
 
 
 def point_predictions(chain: Chain, probe_windows: Mapping[tuple[str, int], Sequence[Measurement]],

@@ -248,7 +248,11 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
             else:
                 states = _after_round(shape, promote, bands, states, decided, refused, stage,
                                       index - probe_rounds)
-            stage, plan = _next_round(shape, promote, bands, states, decided, index + 1)
+            # right after the probe round, only the contenders it added are started: the probes
+            # already have their start, and the race re-measures every contender only in a
+            # further round (max_rounds), as it does any candidate
+            stage, plan = _next_round(shape, promote, bands, states, decided, index + 1,
+                                      new_only=bool(held) and index == 0 and probe_rounds == 1)
             if not plan and not checks and shape.engines:
                 pending = _pending_schedules(shape, promote, states, decided, refused)
                 stage, plan = "schedule", _schedule_round(shape, pending.values(), decided)
@@ -501,6 +505,8 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                     and not _gate_reasons(v) and (iv := _interval(v)) is not None}
         best_lo = max((iv.lo for iv in measured.values()), default=-math.inf)
         pending, pruned = [], []
+        outranked = _outranked(sorted(held, key=shape.candidates.index), shape.chains, vs,
+                               windows, bands[key], z, promote.tie_tolerance)
         for h in sorted(held, key=shape.candidates.index):
             ch = shape.chains[h]
             iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z,
@@ -512,6 +518,8 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                 pruned.append((h, f"round 0: predicted {iv.value:.3f} [{iv.lo:.3f}, "
                                   f"{iv.hi:.3f}] at {iv.point} from {vs[ch.probe].engine}: "
                                   f"cannot win (upper bound < {bound:.3f}); not started"))
+            elif h in outranked:
+                pruned.append((h, f"round 0: {outranked[h]}; not started"))
             else:
                 pending.append(h)
         if pending:
@@ -550,6 +558,72 @@ def _predicted(ch: predict.Chain, probe: analysis.Verdict | None,
     where = f"{worst[0]} c={worst[1]}" + (f", KV holds {capped}" if capped else "")
     return racing.Interval(preds[worst].value, preds[worst].lo,
                            min(p.hi for p in preds.values()), where, 0)
+
+
+def _series_ratios(held: Sequence[str], chains: Mapping[str, predict.Chain],
+                   probe: analysis.Verdict,
+                   windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
+                   points: Sequence[tuple[str, int]], z: float
+                   ) -> dict[str, dict[tuple[str, int], tuple[float, float, float]]]:
+    """The held-back members of one probe's series over a band: per point, each one's
+    predicted speedup over the probe (value, lo, hi; `predict.ratio_to_probe`), the probe
+    itself at exactly 1. A member that cannot be predicted at every point is left out."""
+    speedups = {(s.workload, s.concurrency): s.speedup.value for s in probe.speedups}
+    out = {probe.engine_hash: {p: (1.0, 1.0, 1.0) for p in points}}
+    for h in held:
+        ch = chains[h]
+        ratios = {}
+        for (w, c) in points:
+            acc = predict.acceptance([m for m in windows.get((ch.probe, w, c), ())
+                                      if m.stage != "schedule"])
+            if (w, c) not in speedups or acc is None or len(acc.rates) < ch.probe_n:
+                break
+            ratios[(w, c)] = predict.ratio_to_probe(acc, speedups[(w, c)], ch.n, ch.probe_n, z)
+        else:
+            out[h] = ratios
+    return out
+
+
+def _outranked(held: Sequence[str], chains: Mapping[str, predict.Chain],
+               verdicts: Mapping[str, analysis.Verdict],
+               windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
+               points: Sequence[tuple[str, int]], z: float, tie: float) -> dict[str, str]:
+    """Held-back candidates that a member of their own series beats at every point of the
+    band by more than a tie, on the predicted ratios to their common probe (why, by hash).
+
+    Every member of a series is predicted from the same engine start of its probe, compared
+    with the same baseline: their ranking carries neither that start's effect nor the
+    baseline's noise, only the MAL sampling error and the cost fit's (`predict.ratio_to_probe`),
+    so it holds where a prediction against the baseline is too wide to prune. The series'
+    leader (the highest predicted worst point; the probe, at ratio 1, when nothing beats it)
+    keeps its place; a member whose upper bound stays below the leader's predicted ratio x (1 +
+    tie) at every point would at best tie with the leader there (the band takes each
+    candidate's worst point): screened out, as indifference-zone selection does."""
+    out: dict[str, str] = {}
+    by_probe: dict[str, list[str]] = defaultdict(list)
+    for h in held:
+        by_probe[chains[h].probe].append(h)
+    for probe_hash, members in by_probe.items():
+        probe = verdicts.get(probe_hash)
+        if probe is None or _gate_reasons(probe):
+            continue
+        ratios = _series_ratios(members, chains, probe, windows, points, z)
+        speedup = {(s.workload, s.concurrency): s.speedup.value for s in probe.speedups}
+        # the predicted band value: the worst point's predicted speedup over the baseline
+        leader = max(ratios, key=lambda h: min(r[0] * speedup.get(p, 1.0)
+                                               for p, r in ratios[h].items()))
+        for h in members:
+            if h == leader or h not in ratios:
+                continue
+            if all(ratios[h][p][2] < ratios[leader][p][0] * (1 + tie) for p in points):
+                p = max(points, key=lambda p: ratios[h][p][2] / ratios[leader][p][0])
+                v, _, hi = ratios[h][p]
+                lv = ratios[leader][p][0]
+                lead = ("the probe" if leader == probe_hash
+                        else f"N={chains[leader].n}'s {lv:.3f}x")
+                out[h] = (f"predicted {v:.3f}x its probe {probe.engine} (at most {hi:.3f}x) at "
+                          f"{p[0]} c={p[1]}: at best a tie ({tie:.0%}) with {lead}")
+    return out
 
 
 def _explore_step(st: racing.BandState, verdicts: Mapping[str, analysis.Verdict],
@@ -650,20 +724,23 @@ def _settle_cost(v: analysis.Verdict | None, promote: PromoteSpec) -> str:
 
 def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                 states: Mapping[BandKey, racing.BandState], data: Sequence[Measurement],
-                index: int) -> tuple[racing.Stage, list]:
-    """Exploration while any band explores (contenders only, at their bands' points); then one
-    confirmation look for every selected winner, with fresh baseline starts around it."""
+                index: int, new_only: bool = False) -> tuple[racing.Stage, list]:
+    """Exploration while any band explores (contenders only, at their bands' points; with
+    `new_only`, only those not measured yet); then one confirmation look for every selected
+    winner, with fresh baseline starts around it."""
     repeats = _windows_per_start(shape, data)
     exploring = {k: st for k, st in states.items() if st.status == "exploring"}
     if exploring:
         per: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        open_points: set[tuple[str, int]] = set()
         for k, st in exploring.items():
             for h in st.contenders:
-                per[h].update(bands[k])
-        open_points = sorted({p for k in exploring for p in bands[k]})
+                if not (new_only and h in st.estimates):
+                    per[h].update(bands[k])
+                    open_points.update(bands[k])
         cands = [(h, "explore", tuple(sorted(per[h])), repeats)
                  for h in shape.candidates if h in per]
-        base = (shape.baseline, "explore", tuple(open_points), repeats)
+        base = (shape.baseline, "explore", tuple(sorted(open_points)), repeats)
         return "explore", _with_baselines(cands, base, shape.baseline_every, opening=False)
     confirming = {k: st for k, st in states.items() if st.status == "confirming"}
     if not confirming:
@@ -671,8 +748,8 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
     per = defaultdict(set)
     for k, st in confirming.items():
         per[st.contenders[0]].update(bands[k])
-    open_points = sorted({p for k in confirming for p in bands[k]})
-    base = (shape.baseline, "confirm", tuple(open_points), repeats)
+    base = (shape.baseline, "confirm", tuple(sorted({p for k in confirming for p in bands[k]})),
+            repeats)
     winners = [(h, "confirm", tuple(sorted(per[h])), repeats)
                for h in shape.candidates if h in per]
     starts = _confirm_size(shape, promote, bands, confirming, data, repeats)
