@@ -252,7 +252,7 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
             # already have their start, and the race re-measures every contender only in a
             # further round (max_rounds), as it does any candidate
             stage, plan = _next_round(shape, promote, bands, states, decided, index + 1,
-                                      new_only=bool(held) and index == 0 and probe_rounds == 1)
+                                      new_only=index == 0 and probe_rounds == 1)
             if not plan and not checks and shape.engines:
                 pending = _pending_schedules(shape, promote, states, decided, refused)
                 stage, plan = "schedule", _schedule_round(shape, pending.values(), decided)
@@ -560,27 +560,24 @@ def _predicted(ch: predict.Chain, probe: analysis.Verdict | None,
                            min(p.hi for p in preds.values()), where, 0)
 
 
-def _series_ratios(held: Sequence[str], chains: Mapping[str, predict.Chain],
-                   probe: analysis.Verdict,
+def _series_ratios(held: Sequence[str], chains: Mapping[str, predict.Chain], probe: str,
+                   speedups: Mapping[tuple[str, int], float],
                    windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
                    points: Sequence[tuple[str, int]], z: float
                    ) -> dict[str, dict[tuple[str, int], tuple[float, float, float]]]:
     """The held-back members of one probe's series over a band: per point, each one's
     predicted speedup over the probe (value, lo, hi; `predict.ratio_to_probe`), the probe
     itself at exactly 1. A member that cannot be predicted at every point is left out."""
-    speedups = {(s.workload, s.concurrency): s.speedup.value for s in probe.speedups}
-    out = {probe.engine_hash: {p: (1.0, 1.0, 1.0) for p in points}}
+    accs = {(w, c): acc for w, c in points
+            if (acc := predict.acceptance([m for m in windows.get((probe, w, c), ())
+                                           if m.stage != "schedule"])) is not None}
+    out = {probe: {p: (1.0, 1.0, 1.0) for p in points}}
     for h in held:
         ch = chains[h]
-        ratios = {}
-        for (w, c) in points:
-            acc = predict.acceptance([m for m in windows.get((ch.probe, w, c), ())
-                                      if m.stage != "schedule"])
-            if (w, c) not in speedups or acc is None or len(acc.rates) < ch.probe_n:
-                break
-            ratios[(w, c)] = predict.ratio_to_probe(acc, speedups[(w, c)], ch.n, ch.probe_n, z)
-        else:
-            out[h] = ratios
+        if all(p in speedups and p in accs and len(accs[p].rates) >= ch.probe_n
+               for p in points):
+            out[h] = {p: predict.ratio_to_probe(accs[p], speedups[p], ch.n, ch.probe_n, z)
+                      for p in points}
     return out
 
 
@@ -607,8 +604,8 @@ def _outranked(held: Sequence[str], chains: Mapping[str, predict.Chain],
         probe = verdicts.get(probe_hash)
         if probe is None or _gate_reasons(probe):
             continue
-        ratios = _series_ratios(members, chains, probe, windows, points, z)
         speedup = {(s.workload, s.concurrency): s.speedup.value for s in probe.speedups}
+        ratios = _series_ratios(members, chains, probe_hash, speedup, windows, points, z)
         # the predicted band value: the worst point's predicted speedup over the baseline
         leader = max(ratios, key=lambda h: min(r[0] * speedup.get(p, 1.0)
                                                for p, r in ratios[h].items()))
