@@ -63,12 +63,63 @@ class SpecCounters:
                 "accepted_per_pos": {str(p): n for p, n in sorted(self.accepted_per_pos.items())}}
 
 
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+"""Prompt tokens looked up in the prefix cache."""
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+"""Prompt tokens found there (their KV was not computed again)."""
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """vLLM's prefix-cache counters in tokens, summed over engines (a snapshot or a delta)."""
+
+    queries: int = 0
+    hits: int = 0
+
+    def __sub__(self, before: PrefixCache) -> PrefixCache:
+        return PrefixCache(self.queries - before.queries, self.hits - before.hits)
+
+    def to_json(self) -> dict[str, int]:
+        return {"queries": self.queries, "hits": self.hits}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What specflow reads of one /metrics scrape."""
+
+    spec: SpecCounters | None
+    """Speculative-decoding counters; None on a server without a speculative config."""
+    prefix_cache: PrefixCache | None
+    """Prefix-cache counters; None where the server exposes none (prefix caching off)."""
+
+
+def scrape(text: str) -> Snapshot:
+    """The counters specflow reads from a /metrics exposition, parsed once."""
+    families = list(text_string_to_metric_families(text))
+    return Snapshot(_spec(families), _prefix_cache(families))
+
+
+def _prefix_cache(families: list[Any]) -> PrefixCache | None:
+    totals = {PREFIX_CACHE_QUERIES: 0, PREFIX_CACHE_HITS: 0}
+    found = False
+    for family in families:
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += int(sample.value)
+                found = True
+    return PrefixCache(totals[PREFIX_CACHE_QUERIES], totals[PREFIX_CACHE_HITS]) if found else None
+
+
 def parse(text: str) -> SpecCounters | None:
     """The spec-decode counters in a /metrics exposition; None when the server has none."""
+    return _spec(list(text_string_to_metric_families(text)))
+
+
+def _spec(families: list[Any]) -> SpecCounters | None:
     found = False
     totals = {DRAFTS: 0, DRAFT_TOKENS: 0, ACCEPTED: 0}
     per_pos: dict[int, int] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         if not family.name.startswith(PREFIX):
             continue
         for sample in family.samples:

@@ -114,8 +114,27 @@ def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, P
             for r in range(repeats) for name, w in workloads.items() for c in concurrency]
 
 
-def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = False) -> list[str]:
-    """`vllm bench serve` arguments for a window (or for its warm-up)."""
+def cache_salt(key: PointKey, *, warmup: bool = False) -> str:
+    """The window's prefix-cache salt: its own, so a repeat that re-sends the same prompts
+    on the same engine start is measured on a cold prefix cache, like the first (its prompts
+    still share prefixes with each other, as production traffic does); the warm-up has another,
+    so it warms the engine without caching the window's first prompt."""
+    salt = "specflow." + key.id + (".warmup" if warmup else "")
+    salt = salt.translate(_SALT_SAFE)
+    if len(salt) > _SALT_MAX:  # vLLM's limit; a long workload name is hashed instead
+        salt = "specflow." + hashlib.sha256(salt.encode()).hexdigest()
+    return salt
+
+
+_SALT_SAFE = str.maketrans({c: "." for c in "@/\\\0"})
+"""Characters vLLM refuses in a cache salt."""
+_SALT_MAX = 128
+
+
+def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = False,
+               salt: str | None = None) -> list[str]:
+    """`vllm bench serve` arguments for a window (or for its warm-up); `salt`: the requests'
+    `cache_salt` (see `cache_salt`)."""
     argv = ["--backend", "vllm", "--base-url", server.base_url, "--model", server.model_name,
             "--tokenizer", server.tokenizer, "--dataset-name", "custom",
             "--dataset-path", str(w.dataset), "--disable-shuffle", "--no-oversample",
@@ -127,8 +146,11 @@ def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = Fal
             "--ready-check-timeout-sec", "0"]
     if w.ignore_eos:
         argv.append("--ignore-eos")
-    if w.stop:
-        argv += ["--extra-body", json.dumps({"stop": list(w.stop)})]
+    extra: dict[str, Any] = {"stop": list(w.stop)} if w.stop else {}
+    if salt is not None:
+        extra["cache_salt"] = salt
+    if extra:
+        argv += ["--extra-body", json.dumps(extra)]
     if warmup:
         # bench's own warm-up (the first prompt, at the window's concurrency) plus one request.
         return argv + ["--num-prompts", "1", "--num-warmups", str(w.warmup_requests - 1)]
@@ -181,11 +203,11 @@ def latency_stats(result: Mapping[str, Any]) -> dict[str, float]:
 # One window
 
 
-def _scrape(server: Server) -> metrics.SpecCounters | None:
+def _scrape(server: Server) -> metrics.Snapshot:
     status, body = http_get(f"{server.base_url}/metrics", server.auth_headers, timeout=30.0)
     if status != 200:
         raise ConnectionError(f"GET {server.base_url}/metrics answered {status or 'nothing'}")
-    return metrics.parse(body)
+    return metrics.scrape(body)
 
 
 def _failed(ec: EngineConfig, w: Window, kind: str, detail: str,
@@ -258,17 +280,24 @@ class _Run:
     """What a measured window returned: bench's result and the counters around it."""
 
     result: dict[str, Any]
-    before: metrics.SpecCounters | None
-    after: metrics.SpecCounters | None
+    before: metrics.Snapshot
+    after: metrics.Snapshot
+
+    @property
+    def prefix_cache(self) -> metrics.PrefixCache | None:
+        """The window's prefix-cache deltas (tokens), None where the server has no counters."""
+        b, a = self.before.prefix_cache, self.after.prefix_cache
+        return a - b if a is not None and b is not None else None
 
 
 def _warm_up(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout_s: float,
-             artifacts: dict[str, Path]) -> Failure | None:
+             artifacts: dict[str, Path], key: PointKey) -> Failure | None:
     """The window's warm-up requests (outside the measured window); a failure, or None."""
     if w.warmup_requests <= 0:
         return None
     artifacts["warmup_log"] = files.warmup_log
-    job = gen.run(bench_argv(server, w, files.dir, warmup=True), files.warmup_log, timeout_s)
+    job = gen.run(bench_argv(server, w, files.dir, warmup=True,
+                             salt=cache_salt(key, warmup=True)), files.warmup_log, timeout_s)
     if job.ok:
         return None
     kind, detail = _job_failure(server, job, files.warmup_log)
@@ -276,7 +305,7 @@ def _warm_up(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeo
 
 
 def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout_s: float,
-           artifacts: dict[str, Path]) -> _Run | Failure:
+           artifacts: dict[str, Path], key: PointKey) -> _Run | Failure:
     """The measured window: /metrics before, `vllm bench serve`, /metrics after."""
     try:
         before = _scrape(server)
@@ -284,9 +313,9 @@ def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout
         down = server.failure()
         return (down.kind, down.detail) if down else ("metrics_unavailable", str(exc))
     files.per_request.unlink(missing_ok=True)
-    job = gen.run(bench_argv(server, w, files.dir), files.bench_log, timeout_s,
-                  per_request=files.per_request)
-    after: metrics.SpecCounters | None = None
+    job = gen.run(bench_argv(server, w, files.dir, salt=cache_salt(key)), files.bench_log,
+                  timeout_s, per_request=files.per_request)
+    after: metrics.Snapshot | None = None
     scrape_error = ""
     try:
         after = _scrape(server)
@@ -300,7 +329,7 @@ def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout
     if not job.ok or not files.result.is_file():
         return _job_failure(server, job, files.bench_log)
     result = json.loads(files.result.read_text(encoding="utf-8"))
-    if scrape_error:
+    if after is None:
         return "metrics_unavailable", scrape_error
     return _Run(result, before, after)
 
@@ -388,19 +417,24 @@ def _measure(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window, fi
     except (OSError, ValueError) as exc:
         return _failed(ec, w, "dataset_invalid", str(exc), artifacts)
     phash = prompt_hash(prompts)
-    run = _warm_up(server, gen, w, files, timeout_s, artifacts) or \
-        _bench(server, gen, w, files, timeout_s, artifacts)
+    key = w.key(ec)
+    run = _warm_up(server, gen, w, files, timeout_s, artifacts, key) or \
+        _bench(server, gen, w, files, timeout_s, artifacts, key)
     if not isinstance(run, _Run):
         return _failed(ec, w, *run, artifacts, prompt_hash=phash)
-    delta = metrics.window_delta(run.before, run.after)
+    delta = metrics.window_delta(run.before.spec, run.after.spec)
     mismatches = metrics.compare_with_bench(delta, run.result)
     requests = request_stats(run.result, prompts, files.per_request)
     if files.per_request.is_file():
         artifacts["per_request"] = files.per_request
+    prefix = run.prefix_cache
     atomic_write_json(files.counters, {
-        "before": run.before.to_json() if run.before else None,
-        "after": run.after.to_json() if run.after else None,
+        "before": run.before.spec.to_json() if run.before.spec else None,
+        "after": run.after.spec.to_json() if run.after.spec else None,
         "delta": delta.to_json() if delta else None,
+        # tokens of this window's prompts found in the prefix cache (the salt keeps other
+        # windows' prompts out: hits come only from prefixes shared inside the window)
+        "prefix_cache": prefix.to_json() if prefix else None,
         "bench": {k: v for k, v in run.result.items() if k.startswith("spec_decode_")},
         "mismatches": mismatches,
         "per_request": per_request_check(requests, delta)

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from specflow.engine.loadgen import bench_env, driver_python
 from specflow.engine.runner import (
     Window,
     bench_argv,
+    cache_salt,
     plan_windows,
     run_endpoint,
     run_engine,
@@ -85,6 +87,20 @@ def test_metrics_parse_delta_and_agreement_with_bench() -> None:
     assert metrics.compare_with_bench(None, {"completed": 8}) == []
     assert metrics.compare_with_bench(before - before, {"completed": 8}) == []
     assert metrics.compare_with_bench(delta, {"completed": 8})
+
+
+def test_prefix_cache_counters_are_read_from_the_same_scrape() -> None:
+    text = ("# TYPE vllm:prefix_cache_queries counter\n"
+            'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 700.0\n'
+            "# TYPE vllm:prefix_cache_hits counter\n"
+            'vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 256.0\n')
+    snap = metrics.scrape(METRICS.read_text() + text)
+    assert snap.spec == metrics.parse(METRICS.read_text())
+    assert snap.prefix_cache == metrics.PrefixCache(700, 256)
+    assert (snap.prefix_cache - metrics.PrefixCache(300, 256)).to_json() == {"queries": 400,
+                                                                             "hits": 0}
+    assert metrics.scrape(text) == metrics.Snapshot(None, metrics.PrefixCache(700, 256))
+    assert metrics.scrape(METRICS.read_text()).prefix_cache is None  # prefix caching off
 
 
 def test_classify_exit() -> None:
@@ -139,6 +155,17 @@ def test_windows_and_bench_arguments(tmp_path: Path) -> None:
     assert argv[argv.index("--ready-check-timeout-sec") + 1] == "0"
     warm = bench_argv(_S(), windows[0], tmp_path, warmup=True)  # type: ignore[arg-type]
     assert "--save-result" not in warm
+    # each window and its warm-up carry a prefix-cache salt of their own, one vLLM accepts
+    salts = {cache_salt(w.key(ec)) for w in windows} | {cache_salt(windows[0].key(ec),
+                                                                   warmup=True)}
+    assert len(salts) == len(windows) + 1
+    assert all(s.startswith("specflow.") and not set(s) & set("@/\\") and len(s) <= 128
+               for s in salts)
+    salted = bench_argv(_S(), windows[0], tmp_path, salt="specflow.x")  # type: ignore[arg-type]
+    assert json.loads(salted[salted.index("--extra-body") + 1]) == {"cache_salt": "specflow.x"}
+    assert "--extra-body" not in argv  # no salt, no stop strings: no extra body
+    long_name = replace(windows[0], workload="w" * 200).key(ec)
+    assert len(cache_salt(long_name)) <= 128
 
 
 def test_finished_windows_start_no_engine(tmp_path: Path) -> None:
@@ -228,17 +255,59 @@ def _alive(record: dict[str, Any]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def baseline(setup: dict[str, Any]) -> dict[str, list[Measurement]]:
-    """A sweep of an engine that cannot start (bad model path), then the baseline."""
+def baseline(setup: dict[str, Any]) -> dict[str, Any]:
+    """A sweep of an engine that cannot start (bad model path), then the baseline; on the
+    baseline's engine also two repeats of a window of long prompts (the prefix-cache check)
+    and, before it stops, the same long prompt sent twice without a salt."""
     base: EngineConfig = setup["ecs"]["baseline"]
     bad_argv = tuple("/nonexistent/specflow-model" if i == 2 else a
                      for i, a in enumerate(base.serve_argv))
     bad = replace(base, name="bad-path", serve_argv=bad_argv)
     windows = [_window(setup), _window(setup, concurrency=1)]
-    out: dict[str, list[Measurement]] = {"bad-path": [], "baseline": []}
-    for ec in (bad, base):  # a failed engine start does not stop the next config
-        out[ec.name] += run_engine(ec, setup["backend"], windows, setup["work"])
-    return out
+    bad_ms = list(run_engine(bad, setup["backend"], windows, setup["work"]))
+    # a failed engine start does not stop the next config
+    long = _long_prompts(setup["work"])
+    repeats = [_window(setup, workload="long", dataset=long, num_prompts=LONG_PROMPTS,
+                       max_tokens=2, concurrency=1, repeat=r) for r in (0, 1)]
+    runs = run_engine(base, setup["backend"], [*windows, *repeats], setup["work"])
+    ms = [next(runs) for _ in range(len(windows) + len(repeats))]
+    try:  # the engine is still up: the generator waits after its last window
+        prompt = json.loads(long.read_text().splitlines()[0])["prompt"]
+        unsalted = _prefix_hits_unsalted(_record(ms[0])["base_url"], prompt)
+    finally:
+        assert list(runs) == []
+    return {"bad-path": bad_ms, "baseline": ms[:2], "long": ms[2:], "unsalted_hits": unsalted}
+
+
+LONG_PROMPTS = 2
+"""Prompts in the prefix-cache check, ~350 tokens each: two full KV blocks of the CPU engine
+(128 tokens), which a prefix cache hit needs."""
+
+
+def _long_prompts(work: Path) -> Path:
+    """Long prompts that differ from their first token (no prefix shared between them)."""
+    path = work / "long.jsonl"
+    rows = [f"list {k}: " + " ".join(f"item {i} is {(i * 7 + k) % 13}" for i in range(60))
+            for k in range(LONG_PROMPTS)]
+    path.write_text("".join(json.dumps({"prompt": r}) + "\n" for r in rows))
+    return path
+
+
+def _prefix_hits_unsalted(base_url: str, prompt: str) -> int:
+    """Prefix-cache hits (tokens) of sending `prompt` twice with no cache salt."""
+    def hits() -> int:
+        cache = metrics.scrape(http_get(f"{base_url}/metrics")[1]).prefix_cache
+        assert cache is not None, "the engine exposes prefix-cache counters"
+        return cache.hits
+
+    before = hits()
+    for _ in range(2):
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1}).encode()
+        request = urllib.request.Request(f"{base_url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as answer:  # loopback only
+            assert answer.status == 200
+    return hits() - before
 
 
 @pytest.fixture(scope="module")
@@ -371,6 +440,20 @@ def test_baseline_runs_all_windows_on_one_engine(baseline: dict[str, list[Measur
         assert len(m.requests) == PROMPTS and all(
             r.spec_steps is None and r.latency_s > r.ttft_s > 0 for r in m.requests)
     assert ms[0].prompt_hash == ms[1].prompt_hash
+
+
+@pytest.mark.engine
+def test_each_window_is_measured_on_a_cold_prefix_cache(baseline: dict[str, Any]) -> None:
+    """The second repeat re-sends the first one's long prompts to the same engine: its own
+    cache salt keeps them from hitting the prefix cache, which the same prompt sent twice
+    without a salt does hit (the cache is on: the check can fail)."""
+    first, second = (_ok(m) for m in baseline["long"])
+    assert first.prompt_hash == second.prompt_hash and first.key.repeat != second.key.repeat
+    for m in (first, second):
+        cache = json.loads(Path(m.artifacts["counters"]).read_text())["prefix_cache"]
+        assert cache["queries"] >= LONG_PROMPTS * 256, cache  # the prompts were looked up
+        assert cache["hits"] == 0, f"{m.key.id}: {cache}"
+    assert baseline["unsalted_hits"] >= 256, baseline["unsalted_hits"]
 
 
 @pytest.mark.engine
