@@ -11,12 +11,14 @@ measures each drafter at its largest N first, predicts the rest from its per-pos
 acceptance and step cost, starts what can still win and confirms its selections on fresh
 engine starts.
 
-Prints the engine starts, windows and engine-seconds of each, their ratio, whether the
-decisions agree per (traffic class, band) (the same deployment, or one the grid itself cannot
-tell from it: see `_agree`), and the predictor's error per drafter on the grid's
+Prints the engine starts, windows and engine-seconds of each, their ratio, what each round
+of the adaptive search started, whether the decisions agree per (traffic class, band) (the
+same deployment, or one the grid itself cannot tell from it: see `_agree`; each with its
+outcome: speculate, off or unresolved), and the predictor's error per drafter on the grid's
 windows (every N predicted from N = n-max, against what was measured). The last line is one
-JSON object: engine_seconds_ratio, same_decision, mal_error_median/worst and
-speedup_error_median/worst (relative, absolute values, chain drafters), starts and windows.
+JSON object: engine_seconds_ratio, same_decision, outcomes, mal_error_median/worst and
+speedup_error_median/worst (relative, absolute values, chain drafters), starts and windows
+(also per round). Run again with the same --workdir, it measures nothing and reprints.
 """
 
 from __future__ import annotations
@@ -103,6 +105,31 @@ def _agree(grid: Analysis, adaptive: Analysis, names: dict[str, str], margin: fl
     return rows
 
 
+def _per_round(ms: list[Any], names: dict[str, str]) -> list[dict[str, Any]]:
+    """The adaptive search's spend by (round, stage), in run order, with the engines started
+    (a name repeated once per start)."""
+    groups: dict[tuple[int, str], list[Any]] = {}
+    for m in sorted(ms, key=lambda m: m.seq):
+        groups.setdefault((m.round, m.stage), []).append(m)
+    rows = []
+    for (rnd, stage), group in groups.items():
+        spent = rounds.spent(group)
+        starts: dict[tuple[str, int], str] = {}
+        for m in group:
+            starts.setdefault((m.key.engine_hash, m.key.block), names.get(m.key.engine_hash,
+                                                                          m.engine))
+        rows.append({"round": rnd, "stage": stage, "starts": spent.engine_starts,
+                     "windows": spent.windows, "engine_s": spent.engine_seconds,
+                     "engines": list(starts.values())})
+    return rows
+
+
+def _outcomes(result: Analysis) -> dict[str, str]:
+    """Per band ("<class> <band>"): speculate, off (decided) or unresolved (nothing decided)."""
+    return {f"{r.traffic_class} {d.band.label}": d.outcome for r in result.classes
+            for d in r.decisions}
+
+
 def _abs(values: list[float | None]) -> list[float]:
     return [abs(v) for v in values if v is not None]
 
@@ -135,12 +162,24 @@ def main() -> int:
                      f"{r['wall_s']:.0f}")
     console.print(cost)
 
+    rounds_table = Table(title="adaptive search: what each round started")
+    for c in ("round", "stage", "engine starts", "windows", "engine-seconds", "engines"):
+        rounds_table.add_column(c, justify="right" if c not in ("stage", "engines") else "left")
+    per_round = _per_round(adaptive["measurements"], names)
+    for row in per_round:
+        rounds_table.add_row(str(row["round"]), row["stage"], str(row["starts"]),
+                             str(row["windows"]), f"{row['engine_s']:.0f}",
+                             ", ".join(row["engines"]))
+    console.print(rounds_table)
+
     agree = _agree(grid["result"], adaptive["result"], names, grid["margin"])
     t = Table(title="decisions per (traffic class, band)")
     for c in ("band", "grid", "adaptive", "agree"):
         t.add_column(c)
+    go, ao = _outcomes(grid["result"]), _outcomes(adaptive["result"])
     for row in agree:
-        t.add_row(row["band"], row["grid"], row["adaptive"], str(row["agree"]))
+        t.add_row(row["band"], f"{row['grid']} ({go.get(row['band'], '-')})",
+                  f"{row['adaptive']} ({ao.get(row['band'], '-')})", str(row["agree"]))
     console.print(t)
 
     vs = predict.versus(predict.point_speedups(grid["result"]), grid["measurements"],
@@ -166,6 +205,7 @@ def main() -> int:
         "engine_seconds_ratio": round(a.engine_seconds / g.engine_seconds, 3)
         if g.engine_seconds else None,
         "same_decision": all(r["agree"] for r in agree),
+        "outcomes": {b: [go.get(b), ao.get(b)] for b in sorted(set(go) | set(ao))},
         "mal_error_median": round(statistics.median(mal), 4) if mal else None,
         "mal_error_worst": round(max(mal), 4) if mal else None,
         "speedup_error_median": round(statistics.median(sp), 4) if sp else None,
@@ -173,6 +213,7 @@ def main() -> int:
         "grid_starts": g.engine_starts, "grid_windows": g.windows,
         "adaptive_starts": a.engine_starts, "adaptive_windows": a.windows,
         "grid_engine_s": round(g.engine_seconds), "adaptive_engine_s": round(a.engine_seconds),
+        "adaptive_starts_per_round": [[r["round"], r["stage"], r["starts"]] for r in per_round],
         "workdir": str(work),
     }
     print(json.dumps(figures))
