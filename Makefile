@@ -30,8 +30,13 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/vulture
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (each test module on one worker, so a
+# module's shared engine runs start once); 2 fits this 2-core, 24 GiB machine.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+
 test: lint browser
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 # Headless Chromium for the MLflow UI test, from the distribution's packages (apt, as root);
 # without it that one check is skipped, saying so.
@@ -44,7 +49,7 @@ browser:
 
 # The pure suite: no test that needs vLLM (minutes, not tens of minutes).
 test-fast: lint
-	$(BIN)/python -m pytest -m "not engine"
+	$(PYTEST) -m "not engine"
 
 bench: setup
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done

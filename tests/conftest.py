@@ -36,6 +36,15 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> None:
     # vLLM's default (`mp`) runs in the multirun main job (tests/pipelines/test_pipeline.py).
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.pop("SPECFLOW_CONF", None)
+    # `make test` runs the suite on pytest-xdist workers, one per core, so two engines may
+    # run at once: each decodes its tiny model on one OpenMP thread (two threads each on two
+    # cores would spin at each other's barriers), and under vLLM's `mp` executor each worker's
+    # engines bind it to a core of their own (`auto` binds every engine to the same core).
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and len(cpus) > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[int(worker[2:]) % len(cpus)]))
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -280,7 +280,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> Runs:
                     ms = tuple(run_engine(ec, spec.backend, windows, work / target,
                                           tokenizer=spec.target.model))
                     starts[(target, ec.name)] = Start(target, spec, ec, ms)
-        job.wait(timeout=900)
+        job.wait(timeout=1500)  # ~7 min beside another test module's engines
     finally:
         if job.poll() is None:
             job.kill()

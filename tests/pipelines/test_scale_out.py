@@ -155,7 +155,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         live.wait_for("nothing of worker 0 alive", lambda: not _with_env(
             "CUDA_VISIBLE_DEVICES=0"), 60, *logs)
         procs.append(_worker(tmp_path, client_env, "gpu-0b", "0"))
-        sweep.wait(timeout=900)
+        sweep.wait(timeout=1500)
         out = logs[1].read_text(errors="replace")
         assert sweep.returncode == 0, out[-4000:]
 
