@@ -159,23 +159,31 @@ class Tracker:
         if run_id is None:
             existing = self._find({POINT_TAG: m.key.id, "mlflow.parentRunId": parent_id})
             run_id = existing[0].info.run_id if existing else None
+        logged: set[str] = set()  # metric keys already on the run (one log_batch: all or none)
         if run_id is None:
             run = self.client.create_run(self.experiment_id(), run_name=name, tags={
                 "mlflow.parentRunId": parent_id, POINT_TAG: m.key.id, KIND_TAG: "point",
                 "mlflow.runName": name})
             run_id = run.info.run_id
-            self.client.log_batch(run_id, params=[
-                Param(k, v) for k, v in point_params(m, ec).items()])
-        elif self.client.get_run(run_id).info.status == "FINISHED":
-            return run_id  # logged completely before (a sync that lost only the ledger mark)
+            params = point_params(m, ec)
         else:
+            # completing a run a killed logger left behind: only what it had not logged yet,
+            # so that no metric's history holds the window twice
+            found = self.client.get_run(run_id)
+            if found.info.status == "FINISHED":
+                return run_id  # logged completely before (a sync that lost only the ledger mark)
             self.client.update_run(run_id, status="RUNNING")
+            logged = set(found.data.metrics)
+            params = {k: v for k, v in point_params(m, ec).items() if k not in found.data.params}
+        if params:
+            self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
         now = get_current_time_millis()
         tags = [RunTag("specflow.status", m.status)]
         if m.ok:
             metrics = [Metric(k, v, now, 0) for k, v in point_metrics(m).items()]
             metrics += [Metric("acceptance_per_position", v, now, i)
                         for i, v in enumerate(m.per_position_acceptance)]
+            metrics = [mt for mt in metrics if mt.key not in logged]
             self.client.log_batch(run_id, metrics=metrics, tags=tags)
         else:
             tags += [RunTag("specflow.failure", m.failure or "unknown"),
