@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,8 +27,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     cache = tmp_path_factory.mktemp("cache")
+    # vLLM's API server and engine core talk over IPC sockets under VLLM_RPC_BASE_PATH (by
+    # default the temp dir), and a socket path must fit in 107 bytes: the pipeline tests make
+    # each test's own temp dir the TMPDIR of their jobs, and under xdist
+    # (/tmp/pytest-of-root/pytest-12/popen-gw0/test_a_sweep_fans_out_to_two_w0/<uuid>) that is
+    # 108. A short directory of the session's own keeps every engine start clear of the limit.
+    rpc = tempfile.mkdtemp(prefix="sf-rpc-", dir="/tmp")
+    os.environ.setdefault("VLLM_RPC_BASE_PATH", rpc)
     os.environ["SPECFLOW_CACHE"] = str(cache)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -45,6 +55,8 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> None:
     if worker.startswith("gw") and len(cpus) > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[int(worker[2:]) % len(cpus)]))
+    yield
+    shutil.rmtree(rpc, ignore_errors=True)
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
