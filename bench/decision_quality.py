@@ -7,8 +7,8 @@ Run: .venv/bin/python bench/decision_quality.py [--trials 300] [--seed 0] [--bud
 
 Every trial simulates one sweep of 8 candidates (c0..c7) and the baseline over 2 traffic classes
 x 2 concurrency bands (levels 1 and 8), 3 windows per point per engine start, with
-`specflow.core.simulate`, and decides it with `specflow.core.analysis.analyze` exactly as a sweep
-does (a race: `rounds.replay` round by round, then the final analysis under the race's band
+`specflow.search.simulate`, and decides it with `specflow.decision.choose.analyze` exactly as a
+sweep does (a race: `rounds.replay` round by round, then the final analysis under the race's band
 states; a grid: Holm over the whole family). Noise model, per window, on output throughput:
 Student-t(3) or lognormal window noise at CV 3%, 10%, 25%; an engine-start effect of SD 3%
 (lognormal, one draw per engine start: the replicate unit); a linear drift of +5% or -5% (sign
@@ -17,14 +17,14 @@ A "window noise only" variant (no start effect, no drift) is run for the +10% po
 
 Costs: engine start ~25 s, window ~4 s (engine-seconds), measured on this machine's CPU engine
 with the tiny demo models (`bench/runner_overhead.py`); a sweep's engine-seconds are what
-`rounds.spent` accounts from the simulated records.
+`spent` accounts from the simulated records.
 
-Drift: in the race it is 5% per 30 engine starts (`simulate.Noise.horizon`), continuing linearly
-over a longer race (so at least 5% over its run); in the fixed designs below it is exactly 5% over
-the run (horizon = the run's engine starts).
+Drift: in the race it is 5% per 30 engine starts (`simulate.NoiseModel.horizon`), continuing
+linearly over a longer race (so at least 5% over its run); in the fixed designs below it is
+exactly 5% over the run (horizon = the run's engine starts).
 
 Three decision rules, per scenario:
-- race: `simulate.scenario("race", budget=Budget(engine_seconds=--budget))`, other defaults
+- race: `simulate.scenario("race", budget=BudgetSpec(engine_seconds=--budget))`, other defaults
   (a baseline start after every 4 candidate starts, 6 exploration rounds, 2 confirmation looks).
   At the default 10000 engine-seconds the race spent ~6800 at CV 3% (+10%) and ~9800 at CV 10%
   (there it binds); an earlier 6000 cut the confirmation round at CV 3% (+10%: power ~75%).
@@ -49,15 +49,14 @@ Per deployment (trial): false promotion = any band of any class promoted anythin
 scenario; power = every band (2 classes x 2 bands) promoted c3; wrong candidate = any band
 promoted a candidate other than c3 in a gain scenario. Per-band rates are shown too.
 For speed the race's round replay is memoised within a sweep (`rounds._after_round` is a pure
-function of the records, which only grow) and so are `analysis._z` / `_t` (quantiles);
-`--no-memo` turns both off: identical decisions, about 4x slower. The last line is one JSON
+function of the records, which only grow; the critical values are cached in `specflow.stats`);
+`--no-memo` turns the replay memo off: identical decisions, slower. The last line is one JSON
 object.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import inspect
 import json
@@ -75,9 +74,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specflow.core import analysis, racing, rounds, simulate
-from specflow.core.records import Measurement
-from specflow.core.schema import PromoteSpec
+import specflow
+from specflow.decision.bands import bands_for
+from specflow.decision.choose import analyze
+from specflow.decision.model import Analysis, AnalysisError
+from specflow.records.measurement import Measurement
+from specflow.search import rounds, simulate
+from specflow.search.plan import EngineStart, Round, Shape, spent_by
+from specflow.spec.schema import BudgetSpec, PromoteSpec
 
 START_S = 25.0
 WINDOW_S = 4.0
@@ -118,13 +122,13 @@ class Scenario:
     def gains(self) -> dict[int, float]:
         return {GAIN_INDEX: 1 + self.gain} if self.gain else {}
 
-    def noise(self, rng: np.random.Generator, horizon: int = 30) -> simulate.Noise:
+    def noise(self, rng: np.random.Generator, horizon: int = 30) -> simulate.NoiseModel:
         """The trial's noise: the drift sign drawn from `rng`."""
         if not self.start_effect:
-            return simulate.Noise(cv=self.cv, kind=self.kind, start_sd=0.0, drift=0.0,
+            return simulate.NoiseModel(cv=self.cv, kind=self.kind, start_sd=0.0, drift=0.0,
                                   start_s=START_S, window_s=WINDOW_S)
         sign = 1.0 if rng.random() < 0.5 else -1.0
-        return simulate.Noise(cv=self.cv, kind=self.kind, start_sd=START_SD,
+        return simulate.NoiseModel(cv=self.cv, kind=self.kind, start_sd=START_SD,
                               drift=sign * DRIFT, horizon=horizon, start_s=START_S,
                               window_s=WINDOW_S)
 
@@ -141,10 +145,10 @@ class Trial:
 
 
 def code_version() -> dict[str, str]:
-    """Short hashes of the decision code the figures come from."""
-    return {m.__name__.rsplit(".", 1)[-1]:
-            hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest()[:12]
-            for m in (analysis, racing, rounds, simulate) if m.__file__}
+    """Short hashes of the decision code the figures come from, per package."""
+    root = Path(specflow.__file__).parent
+    return {pkg: hashlib.sha256(b"".join(f.read_bytes() for f in sorted(
+        (root / pkg).glob("*.py")))).hexdigest()[:12] for pkg in ("stats", "decision", "search")}
 
 
 def _rng(seed: int, scn: Scenario, design: str, trial: int, k: int = 0) -> np.random.Generator:
@@ -170,16 +174,10 @@ def _memo_after_round(*args: Any, **kwargs: Any) -> Any:
     return dict(_MEMO[key])
 
 
-_ORIGINAL_Z_T = (analysis._z, analysis._t)
-
-
 def _init_worker(memo: bool) -> None:
-    """Memoise the race's replay and analysis' normal / t quantiles (pure functions of their
-    arguments), or undo it."""
+    """Memoise the race's replay (a pure function of its arguments), or undo it."""
     replay = memo and {"index", "stage", "data"} <= set(_AFTER_ROUND_SIGNATURE.parameters)
     rounds._after_round = _memo_after_round if replay else _ORIGINAL_AFTER_ROUND
-    z, t = _ORIGINAL_Z_T
-    analysis._z, analysis._t = (functools.cache(z), functools.cache(t)) if memo else (z, t)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,7 +193,7 @@ def _split(ms: Sequence[Measurement], baseline: str
     return opening, later
 
 
-def _promoted(result: analysis.Analysis) -> tuple[tuple[str | None, ...], int]:
+def _promoted(result: Analysis) -> tuple[tuple[str | None, ...], int]:
     winners, unresolved = [], 0
     for r in sorted(result.classes, key=lambda r: r.traffic_class):
         for d in sorted(r.decisions, key=lambda d: d.band.lo):
@@ -208,7 +206,7 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     scn, seed, trial, budget = args
     rng = _rng(seed, scn, "race", trial)
     noise = scn.noise(rng)
-    sim = simulate.scenario("race", gains=scn.gains, budget=racing.Budget(engine_seconds=budget))
+    sim = simulate.scenario("race", gains=scn.gains, budget=BudgetSpec(engine_seconds=budget))
     _MEMO.clear()
     prog, ms = simulate.run_sweep(sim, noise, PROMOTE, seed=int(rng.integers(2**62)))
     _MEMO.clear()
@@ -218,20 +216,20 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     # As `steps.decide` does: a measured N schedule (not simulated here) is checked apart.
     opening, later = _split([m for m in ms if m.stage != "schedule"], sim.shape.baseline)
     try:
-        result = analysis.analyze(opening, PROMOTE, closing_baseline=later, race=prog.states)
-    except analysis.AnalysisError as exc:
+        result = analyze(opening, PROMOTE, closing_baseline=later, race=prog.states)
+    except AnalysisError as exc:
         return Trial((), 0, spent, str(exc)[:200])
     winners, unresolved = _promoted(result)
     return Trial(winners, unresolved, spent)
 
 
-def _fixed_round(shape: rounds.Shape, copies: int, closing: bool) -> rounds.Round:
+def _fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
     """(baseline, every candidate) x copies, then a closing baseline start, in run order."""
-    starts: list[rounds.Start] = []
+    starts: list[EngineStart] = []
     blocks: Counter[str] = Counter()
 
     def add(h: str, repeats: int) -> None:
-        starts.append(rounds.Start(h, "explore", shape.points, repeats, 0, len(starts), blocks[h]))
+        starts.append(EngineStart(h, "explore", shape.points, repeats, 0, len(starts), blocks[h]))
         blocks[h] += 1
 
     for _ in range(copies):
@@ -240,7 +238,7 @@ def _fixed_round(shape: rounds.Shape, copies: int, closing: bool) -> rounds.Roun
             add(h, shape.repeats)
     if closing:
         add(shape.baseline, shape.closing_repeats)
-    return rounds.Round(0, "explore", tuple(starts))
+    return Round(0, "explore", tuple(starts))
 
 
 def uniform_trial(args: tuple[Scenario, int, int, int]) -> Trial:
@@ -250,11 +248,11 @@ def uniform_trial(args: tuple[Scenario, int, int, int]) -> Trial:
     plan = _fixed_round(sim.shape, k, closing=True)
     noise = scn.noise(rng, horizon=len(plan.starts))
     ms = simulate.run_round(sim, noise, plan, rng)
-    spent = rounds.spent(ms).engine_seconds
+    spent = spent_by(ms).engine_seconds
     opening, later = _split(ms, sim.shape.baseline)
     try:
-        result = analysis.analyze(opening, PROMOTE, closing_baseline=later, family="holm")
-    except analysis.AnalysisError as exc:
+        result = analyze(opening, PROMOTE, closing_baseline=later, family="holm")
+    except AnalysisError as exc:
         return Trial((), 0, spent, str(exc)[:200])
     winners, unresolved = _promoted(result)
     return Trial(winners, unresolved, spent)
@@ -274,7 +272,7 @@ def tune_trial(args: tuple[Scenario, int, int]) -> Trial:
     plan = _fixed_round(sim.shape, 1, closing=False)
     noise = scn.noise(rng, horizon=len(plan.starts))
     ms = simulate.run_round(sim, noise, plan, rng)
-    bands, _, _ = analysis.bands_for(PROMOTE, sim.shape.concurrency)
+    bands, _, _ = bands_for(PROMOTE, sim.shape.concurrency)
     winners: list[str | None] = []
     refused = 0
     for cls in sorted(set(sim.shape.workloads.values())):
@@ -290,7 +288,7 @@ def tune_trial(args: tuple[Scenario, int, int]) -> Trial:
                 continue
             best = max([sim.shape.baseline, *sim.shape.candidates], key=lambda h: scores[h][0])
             winners.append(None if best == sim.shape.baseline else best)
-    return Trial(tuple(winners), refused, rounds.spent(ms).engine_seconds)
+    return Trial(tuple(winners), refused, spent_by(ms).engine_seconds)
 
 
 # --------------------------------------------------------------------------------------------

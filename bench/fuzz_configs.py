@@ -6,7 +6,7 @@ Override sets are drawn over the real conf key space (every leaf of every group'
 wrong types, out of range, inf/nan, unknown keys and entries, list vs scalar, additions and
 deletions, garbage text, group selections. Broken YAML files are copies of conf/ with one file
 damaged (a tab, a bad indent, an unclosed bracket, a duplicate key, a python tag, binary junk,
-a truncation). Each case runs `specflow compile --no-probe` or `specflow headroom` in-process
+a truncation). Each case runs `specflow compile --no-vllm-check` or `specflow headroom` in-process
 through `cli.main` and is classified:
 
   clean       exit 0, or exit 2 with "invalid configuration: N problems" and N lines that each
@@ -42,7 +42,8 @@ from rich.console import Console
 from rich.table import Table
 
 from specflow import cli
-from specflow.config.compose import GROUPS, MULTI, conf_dir, options
+from specflow.config.compose import conf_dir, options
+from specflow.config.validation import GROUPS, MULTI
 
 _LINE = re.compile(r"^  - (override '.*'|[\w.\-\[\]/]+(:\d+:\d+)?|conf/[\w./\-]+(:\d+)?(:\d+)?): ")
 _HEAD = re.compile(r"^invalid configuration: (\d+) problems?$")
@@ -175,7 +176,7 @@ def run(n_overrides: int, n_yaml: int, seed: int) -> dict[str, Any]:
 
     for _ in range(n_overrides):
         ovs = [override(rng, keys, root) for _ in range(rng.randrange(1, 5))]
-        cmd = ["compile", "--no-probe"] if rng.random() < 0.7 else ["headroom"]
+        cmd = ["compile", "--no-vllm-check"] if rng.random() < 0.7 else ["headroom"]
         record([*cmd, *ovs], "overrides")
     old = os.environ.get("SPECFLOW_CONF")
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +184,7 @@ def run(n_overrides: int, n_yaml: int, seed: int) -> dict[str, Any]:
             for _ in range(n_yaml):
                 select, what = broken_yaml(rng, root, Path(tmp))
                 os.environ["SPECFLOW_CONF"] = str(Path(tmp) / "conf")
-                record(["compile", "--no-probe", *select], what)
+                record(["compile", "--no-vllm-check", *select], what)
         finally:
             if old is None:
                 os.environ.pop("SPECFLOW_CONF", None)

@@ -38,10 +38,10 @@ from rich.console import Console
 from rich.table import Table
 
 from specflow.config.compose import load
-from specflow.core.memory import arch_from_dir, safetensors_params
-from specflow.core.records import Measurement
 from specflow.demo import realshape
 from specflow.engine.server import reported_kv
+from specflow.records.measurement import Measurement
+from specflow.spec.memory import arch_from_dir, safetensors_params
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "experiment=gpu_check"
@@ -129,7 +129,7 @@ def compare_kv(headroom: list[dict[str, Any]], sweep: Path) -> list[dict[str, An
 
 def _points(sweep: Path) -> list[Measurement]:
     out = []
-    for f in sorted((sweep / "points").glob("*.json")):
+    for f in sorted((sweep / "windows").glob("*.json")):
         m = Measurement.from_json(json.loads(f.read_text()))
         if m.ok:
             out.append(m)
@@ -221,7 +221,7 @@ def main() -> int:
            ["kind", "layers", "conf_layers", "same_shape", "params", "expected_params",
             "params_error"])
 
-    plan = json.loads(_specflow("compile", EXPERIMENT, *overrides, "--no-probe").stdout)
+    plan = json.loads(_specflow("compile", EXPERIMENT, *overrides, "--no-vllm-check").stdout)
     rates = {ec["drafter"]: ec["speculative_config"]["synthetic_acceptance_rates"]
              for ec in plan["engine_configs"] if ec["speculative_config"]
              and ec["num_speculative_tokens"] == max(
@@ -231,13 +231,13 @@ def main() -> int:
                  == ec["num_speculative_tokens"]
                  for ec in plan["engine_configs"] if ec["speculative_config"])
     cpu = _specflow("compile", EXPERIMENT, "hardware=cpu", "backend=cpu", *overrides,
-                    "--no-probe", check=False)
+                    "--no-vllm-check", check=False)
     refused_on_cpu = cpu.returncode == 2 and "no synthetic acceptance" in cpu.stderr
     console.print(f"2. plan: {len(plan['engine_configs'])} engine configs, "
-                  f"{plan['num_points']} windows; synthetic rates sliced to N: {sliced}; "
+                  f"{plan['num_windows']} windows; synthetic rates sliced to N: {sliced}; "
                   f"hardware=cpu refused (exit {cpu.returncode}): {refused_on_cpu}")
 
-    probe = [] if gpu else ["--no-probe"]
+    probe = [] if gpu else ["--no-vllm-check"]
     headroom = json.loads(_specflow("headroom", EXPERIMENT, *overrides, "--json",
                                     *probe).stdout)
     _table("3. headroom", headroom, ["engine", "verdict", "kv_tokens", "drafter_cost_percent",

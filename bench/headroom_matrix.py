@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from specflow.config.compose import conf_dir, load_plan, options
-from specflow.core.errors import SpecError
-from specflow.core.memory import headroom
+from specflow.spec.errors import SpecError
+from specflow.spec.memory import headroom
 
 
 def main() -> int:

@@ -36,9 +36,10 @@ from rich.console import Console
 from rich.table import Table
 
 from specflow.cli import orchestration_env
-from specflow.core import predict, rounds
-from specflow.core.analysis import Analysis
+from specflow.decision.model import Analysis
 from specflow.demo import tiny
+from specflow.search import predict
+from specflow.search.plan import spent_by
 from specflow.steps.context import open_sweep
 from specflow.steps.decide import analyse
 
@@ -65,7 +66,7 @@ def _sweep(overrides: list[str]) -> dict[str, Any]:
     ctx = open_sweep(overrides, tracking=False)
     ms = ctx.ledger.measurements()
     result, _ = analyse(ctx)
-    return {"wall_s": wall, "spent": rounds.spent(ms), "result": result, "measurements": ms,
+    return {"wall_s": wall, "spent": spent_by(ms), "result": result, "measurements": ms,
             "configs": ctx.plan.engine_configs, "margin": ctx.spec.promote.margin}
 
 
@@ -113,7 +114,7 @@ def _per_round(ms: list[Any], names: dict[str, str]) -> list[dict[str, Any]]:
         groups.setdefault((m.round, m.stage), []).append(m)
     rows = []
     for (rnd, stage), group in groups.items():
-        spent = rounds.spent(group)
+        spent = spent_by(group)
         starts: dict[tuple[str, int], str] = {}
         for m in group:
             starts.setdefault((m.key.engine_hash, m.key.block), names.get(m.key.engine_hash,

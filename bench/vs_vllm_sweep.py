@@ -49,11 +49,11 @@ from rich.console import Console
 from rich.table import Table
 
 from specflow.cli import orchestration_env
-from specflow.core.compile import EngineConfig
-from specflow.core.schema import LocalBackend
 from specflow.demo import tiny
 from specflow.engine.launcher import vllm_command
 from specflow.engine.server import engine_env, free_port
+from specflow.spec.compile import EngineConfig
+from specflow.spec.schema import LocalBackend
 from specflow.steps.context import Context, open_sweep
 
 console = Console(width=120)
@@ -67,7 +67,7 @@ def _overrides(models: Path, out: Path, a: argparse.Namespace) -> list[str]:
             "workload=[random_tokens]", f"workload.random_tokens.num_prompts={a.prompts}",
             f"workload.random_tokens.max_tokens={a.tokens}",
             f"workload.random_tokens.input_len={a.tokens}",
-            "sweep.design=grid", "sweep.search=grid", f"sweep.repeats={a.runs}",
+            "sweep.design=grid", "sweep.search=exhaustive", f"sweep.repeats={a.runs}",
             "sweep.closing_baseline_repeats=1", "sweep.warmup_requests=2",
             "sweep.concurrency=[1,4]", "promote.min_repeats=2", f"paths.models={models}",
             f"tracking.workdir={out}", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from specflow.core.errors import SpecError, report
+from specflow.spec.errors import SpecError, report
 
 DEFAULT_CRON = "0 3 * * *"
 FIRST_RECONNECT_S = 2.0

@@ -138,10 +138,10 @@ def engine_config_flow(overrides: list[str], kind: str, key: str, engine_name: s
 
 
 def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str] = (),
-            on_point: steps.OnPoint | None = None) -> list[dict[str, Any]]:
+            on_window: steps.OnWindow | None = None) -> list[dict[str, Any]]:
     """Submit `units` to the engine-config deployment, wait for all, submit again what crashed,
     failed or lost its worker; give up on a unit after `dispatch.retries` resubmissions. Returns
-    one summary per unit (its last flow run, state, attempts). `on_point` is called with each
+    one summary per unit (its last flow run, state, attempts). `on_window` is called with each
     window the workers record meanwhile (read from the shared ledger)."""
     ctx = steps.open_sweep(overrides, tracking=False)
     d = ctx.spec.dispatch
@@ -176,16 +176,16 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
         try:
             while todo:
                 time.sleep(d.poll_s)
-                if on_point is not None:
-                    seen = _report_new(ctx, seen, on_point)
+                if on_window is not None:
+                    seen = _report_new(ctx, seen, on_window)
                 todo = _poll(ctx, client, todo, done, submit, d)
         except BaseException:  # Ctrl-C, SIGTERM, a bug: nothing measures on without the sweep
             for s in todo:
                 client.set_flow_run_state(s.run.id, Cancelled(
                     message="the sweep that submitted it stopped"), force=True)
             raise
-    if on_point is not None:
-        _report_new(ctx, seen, on_point)
+    if on_window is not None:
+        _report_new(ctx, seen, on_window)
     return done
 
 
@@ -210,12 +210,12 @@ def _poll(ctx: Any, client: Any, todo: list[_Submitted], done: list[dict[str, An
     return still
 
 
-def _report_new(ctx: Any, seen: dict[str, Any], on_point: steps.OnPoint) -> dict[str, Any]:
-    """Call `on_point` with each window recorded (or recorded again) since `seen`."""
+def _report_new(ctx: Any, seen: dict[str, Any], on_window: steps.OnWindow) -> dict[str, Any]:
+    """Call `on_window` with each window recorded (or recorded again) since `seen`."""
     now = {e.measurement.key.id: e.measurement for e in ctx.ledger.entries()}
-    for point_id, m in now.items():
-        if seen.get(point_id) != m:
-            on_point(m)
+    for window_id, m in now.items():
+        if seen.get(window_id) != m:
+            on_window(m)
     return now
 
 

@@ -6,7 +6,7 @@ of the engine-config deployment on a work pool (`pipelines.dispatch`), a round a
 The flow body only sequences tasks. Every task takes serialisable inputs (the overrides, an
 engine hash) and opens the sweep itself from the overrides and the ledger, so any task can run
 in a fresh process or on another worker; finished windows are in the ledger, so a retried or
-re-run task redoes only what is missing. `on_point` (progress) is for in-process callers
+re-run task redoes only what is missing. `on_window` (progress) is for in-process callers
 (with a pool, it is fed from the shared ledger).
 """
 
@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pipelines import dispatch
 from specflow import steps
-from specflow.core.records import Measurement
+from specflow.records.measurement import Measurement
 from specflow.results import console
 
 
@@ -48,25 +48,25 @@ def _retry_start(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="engine-config", task_run_name="engine {engine_name}", cache_policy=NO_CACHE,
       retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
 def measure_engine(overrides: list[str], engine_hash: str, engine_name: str,
-                   on_point: steps.OnPoint | None = None) -> dict[str, Any]:
+                   on_window: steps.OnWindow | None = None) -> dict[str, Any]:
     print(f"engine start: {engine_name}")  # the flow run's log (log_prints)
-    return steps.measure(steps.open_sweep(overrides), engine_hash, _logged(on_point))
+    return steps.measure(steps.open_sweep(overrides), engine_hash, _logged(on_window))
 
 
-def _logged(on_point: steps.OnPoint | None) -> steps.OnPoint:
-    """Each window as a line in the flow run's log (log_prints), then `on_point`."""
+def _logged(on_window: steps.OnWindow | None) -> steps.OnWindow:
+    """Each window as a line in the flow run's log (log_prints), then `on_window`."""
     def point(m: Measurement) -> None:
         print(console.window_line(m))
-        if on_point is not None:
-            on_point(m)
+        if on_window is not None:
+            on_window(m)
     return point
 
 
 @task(name="closing-baseline", task_run_name="closing baseline", cache_policy=NO_CACHE)
-def closing_baseline(overrides: list[str], on_point: steps.OnPoint | None = None
+def closing_baseline(overrides: list[str], on_window: steps.OnWindow | None = None
                      ) -> dict[str, Any]:
     print("engine start: baseline (closing)")
-    return steps.run_closing_baseline(steps.open_sweep(overrides), _logged(on_point))
+    return steps.run_closing_baseline(steps.open_sweep(overrides), _logged(on_window))
 
 
 @task(name="next-round", task_run_name="next round", cache_policy=NO_CACHE)
@@ -90,9 +90,9 @@ def next_round(overrides: list[str]) -> dict[str, Any] | None:
 @task(name="engine-start", task_run_name="engine start #{seq} {engine_name}",
       cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
 def measure_start(overrides: list[str], seq: int, engine_name: str,
-                  on_point: steps.OnPoint | None = None) -> dict[str, Any]:
+                  on_window: steps.OnWindow | None = None) -> dict[str, Any]:
     print(f"engine start #{seq}: {engine_name}")
-    return steps.run_start(steps.open_sweep(overrides), seq, _logged(on_point))
+    return steps.run_start(steps.open_sweep(overrides), seq, _logged(on_window))
 
 
 @task(name="decide-and-promote", cache_policy=NO_CACHE)
@@ -115,26 +115,26 @@ def decide(overrides: list[str]) -> dict[str, Any]:
 
 @flow(name="specflow-sweep", flow_run_name="sweep {run_label}", log_prints=True)
 def sweep_flow(overrides: list[str], run_label: str = "",
-               on_point: steps.OnPoint | None = None,
+               on_window: steps.OnWindow | None = None,
                on_round: steps.OnRound | None = None) -> dict[str, Any]:
     """Headroom, every engine config, the closing baseline, the decision and the promotion."""
     plan = prepare(overrides)
     if plan["design"] == "race":
-        return _race(overrides, plan, on_point, on_round)
+        return _race(overrides, plan, on_window, on_round)
     if plan["dispatch"]:  # each engine config a flow run on the work pool's workers
         engines = dispatch.fan_out(overrides, [dispatch.Unit("engine", h, n)
-                                               for h, n in plan["engines"]], on_point=on_point)
+                                               for h, n in plan["engines"]], on_window=on_window)
         closing: Any = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
                                                                   "baseline (closing)")],
-                                        on_point=on_point)
+                                        on_window=on_window)
         return {"plan": plan, "engines": engines, "closing": closing,
                 "outcome": decide(overrides)}
     engines = []
     for engine_hash, name in plan["engines"]:
-        state = measure_engine(overrides, engine_hash, name, on_point, return_state=True)
+        state = measure_engine(overrides, engine_hash, name, on_window, return_state=True)
         engines.append(state.result() if state.is_completed()
                        else {"engine": name, "hash": engine_hash, "error": state.message})
-    closing = closing_baseline(overrides, on_point)
+    closing = closing_baseline(overrides, on_window)
     outcome = decide(overrides)
     return {"plan": plan, "engines": engines, "closing": closing, "outcome": outcome}
 
@@ -143,7 +143,7 @@ MAX_ROUNDS = 200
 """A guard: a race that plans this many rounds without finishing is a bug, not a sweep."""
 
 
-def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | None,
+def _race(overrides: list[str], plan: dict[str, Any], on_window: steps.OnWindow | None,
           on_round: steps.OnRound | None) -> dict[str, Any]:
     """Rounds until the race is over: each round's engine starts, then the next round."""
     starts = []
@@ -158,18 +158,18 @@ def _race(overrides: list[str], plan: dict[str, Any], on_point: steps.OnPoint | 
         if plan["dispatch"]:  # the round's starts at once, on the work pool's workers
             starts += dispatch.fan_out(overrides, [dispatch.Unit("start", str(seq), name)
                                                    for seq, name in current["starts"]],
-                                       tags=[f"round:{last}"], on_point=on_point)
+                                       tags=[f"round:{last}"], on_window=on_window)
             continue
         for seq, name in current["starts"]:
-            state = measure_start(overrides, seq, name, on_point, return_state=True)
+            state = measure_start(overrides, seq, name, on_window, return_state=True)
             starts.append(state.result() if state.is_completed()
                           else {"engine": name, "seq": seq, "error": state.message})
     outcome = decide(overrides)
     return {"plan": plan, "engines": starts, "closing": None, "outcome": outcome}
 
 
-def run(overrides: list[str], on_point: steps.OnPoint | None = None,
+def run(overrides: list[str], on_window: steps.OnWindow | None = None,
         on_round: steps.OnRound | None = None) -> dict[str, Any]:
     """Run the flow in this process (Prefect's temporary local API when no server is set)."""
-    return sweep_flow(overrides, run_label=" ".join(overrides) or "defaults", on_point=on_point,
+    return sweep_flow(overrides, run_label=" ".join(overrides) or "defaults", on_window=on_window,
                       on_round=on_round)

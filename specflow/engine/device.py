@@ -92,7 +92,7 @@ def _amdsmi() -> list[Device]:
         amdsmi.amdsmi_shut_down()
 
 
-def probe() -> list[Device]:
+def detect() -> list[Device]:
     """Accelerators visible to this process (its device set, when it was given one); empty on
     CPU-only machines."""
     return _visible(_nvml() or _amdsmi(), owned())

@@ -10,7 +10,7 @@ Failures (engine start, crash, OOM, hang, timeout, failed requests, counter mism
 failed Measurements with the reason and log tail; the sweep goes on.
 
 Layout under `workdir`: `engines/<name>-<hash>.log|.json` (server log, process record) and
-`points/<engine hash>/<workload>/c<N>/r<R>/` (warm-up and bench logs, result.json,
+`windows/<engine hash>/<workload>/c<N>/r<R>/` (warm-up and bench logs, result.json,
 counters.json).
 """
 
@@ -26,17 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from specflow.core.compile import EngineConfig
-from specflow.core.fsio import atomic_write_json
-from specflow.core.records import (
-    LATENCY_METRICS,
-    LATENCY_STATS,
-    Measurement,
-    PointKey,
-    RequestStats,
-)
-from specflow.core.requests import request_sums
-from specflow.core.schema import EndpointBackend, LocalBackend, WorkloadSpec
+from specflow.decision.requests import request_sums
 from specflow.engine import metrics
 from specflow.engine.loadgen import (
     BenchDriver,
@@ -58,6 +48,16 @@ from specflow.engine.server import (
     tail,
     tokenizer_of,
 )
+from specflow.records.fsio import atomic_write_json
+from specflow.records.measurement import (
+    LATENCY_METRICS,
+    LATENCY_STATS,
+    Measurement,
+    RequestStats,
+    WindowKey,
+)
+from specflow.spec.compile import EngineConfig
+from specflow.spec.schema import EndpointBackend, LocalBackend, WorkloadSpec
 
 RESULT_FILE = "result.json"
 PERCENTILE_METRICS = ",".join(LATENCY_METRICS)
@@ -97,8 +97,8 @@ class Window:
     block: int = 0
     """Which engine start of the config this window belongs to."""
 
-    def key(self, ec: EngineConfig) -> PointKey:
-        return PointKey(ec.hash, self.workload, self.concurrency, self.repeat, self.block)
+    def key(self, ec: EngineConfig) -> WindowKey:
+        return WindowKey(ec.hash, self.workload, self.concurrency, self.repeat, self.block)
 
 
 def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, Path],
@@ -114,7 +114,7 @@ def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, P
             for r in range(repeats) for name, w in workloads.items() for c in concurrency]
 
 
-def cache_salt(key: PointKey, *, warmup: bool = False) -> str:
+def cache_salt(key: WindowKey, *, warmup: bool = False) -> str:
     """The window's prefix-cache salt: its own, so a repeat that re-sends the same prompts
     on the same engine start is measured on a cold prefix cache, like the first (its prompts
     still share prefixes with each other, as production traffic does); the warm-up has another,
@@ -141,7 +141,7 @@ def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = Fal
             "--skip-chat-template", "--custom-output-len", str(w.max_tokens),
             "--seed", str(w.seed), "--temperature", repr(float(w.temperature)),
             "--max-concurrency", str(w.concurrency), "--disable-tqdm",
-            # No readiness probe request: it would run inside specflow's counter window but
+            # No readiness poll request: it would run inside specflow's counter window but
             # outside bench's, and the server is known to be ready.
             "--ready-check-timeout-sec", "0"]
     if w.ignore_eos:
@@ -291,7 +291,7 @@ class _Run:
 
 
 def _warm_up(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout_s: float,
-             artifacts: dict[str, Path], key: PointKey) -> Failure | None:
+             artifacts: dict[str, Path], key: WindowKey) -> Failure | None:
     """The window's warm-up requests (outside the measured window); a failure, or None."""
     if w.warmup_requests <= 0:
         return None
@@ -305,7 +305,7 @@ def _warm_up(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeo
 
 
 def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout_s: float,
-           artifacts: dict[str, Path], key: PointKey) -> _Run | Failure:
+           artifacts: dict[str, Path], key: WindowKey) -> _Run | Failure:
     """The measured window: /metrics before, `vllm bench serve`, /metrics after."""
     try:
         before = _scrape(server)
@@ -476,8 +476,8 @@ def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],
 # One engine config
 
 
-def _point_dir(workdir: Path, key: PointKey) -> Path:
-    return workdir / "points" / key.id
+def _window_dir(workdir: Path, key: WindowKey) -> Path:
+    return workdir / "windows" / key.id
 
 
 def _windows(server: Server, gen: LoadGenerator, ec: EngineConfig, todo: Sequence[Window],
@@ -491,7 +491,7 @@ def _windows(server: Server, gen: LoadGenerator, ec: EngineConfig, todo: Sequenc
         if w.concurrency in warmed:
             w = replace(w, warmup_requests=0)
         warmed.add(w.concurrency)
-        m = measure_window(server, gen, ec, w, _point_dir(workdir, w.key(ec)), timeout_s)
+        m = measure_window(server, gen, ec, w, _window_dir(workdir, w.key(ec)), timeout_s)
         down = server.failure() if not m.ok else None
         yield m, down
         if down is not None:
@@ -574,7 +574,7 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
                skip: Collection[str] = (), tokenizer: str | None = None) -> Iterator[Measurement]:
     """Start one engine for `ec`, measure every window on it, stop it; yields per window.
 
-    Windows whose PointKey id is in `skip` (finished earlier) are not run, and an engine with
+    Windows whose WindowKey id is in `skip` (finished earlier) are not run, and an engine with
     nothing left to run is not started. A failed start fails every window with the reason and
     log tail; an engine that dies mid-run is stopped (its whole process group, checked by PID)
     before its failure is yielded, and the windows after it are recorded as `engine_down`.
@@ -610,7 +610,7 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
                 record.stopped(down.kind)
                 yield m
                 yield from _not_run(ec, todo[done:], f"not run: engine '{ec.name}' stopped "
-                                    f"serving at point {m.key.id} ({down.kind})")
+                                    f"serving at window {m.key.id} ({down.kind})")
                 return
             record.write()
             yield m
@@ -660,6 +660,6 @@ def run_endpoint(ec: EngineConfig, backend: EndpointBackend, windows: Sequence[W
             yield m
             if down is not None:
                 yield from _not_run(ec, todo[done:], f"not run: the endpoint stopped serving "
-                                    f"at point {m.key.id} ({down.kind})")
+                                    f"at window {m.key.id} ({down.kind})")
     finally:
         gen.close()

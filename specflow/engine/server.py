@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from specflow.core.compile import EngineConfig, secret_option
-from specflow.core.schema import EndpointBackend, LocalBackend
 from specflow.engine.launcher import vllm_command
+from specflow.spec.compile import EngineConfig, secret_option
+from specflow.spec.schema import EndpointBackend, LocalBackend
 
 FailureKind = Literal["start_failed", "oom", "hang", "busy_port", "crashed", "killed",
                       "unreachable"]
@@ -436,7 +436,7 @@ class LocalEngine(Server):
         if self.proc is None:
             return EngineFailure("start_failed", "the engine was never started")
         status = 0
-        for attempt in range(3):  # a busy server may miss one probe; a dead one misses all
+        for attempt in range(3):  # a busy server may miss one poll; a dead one misses all
             rc = self.proc.poll()
             if rc is not None:
                 return self._exited(rc, starting=False)

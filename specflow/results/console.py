@@ -11,9 +11,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from specflow.core.memory import Headroom
-from specflow.core.records import Measurement
-from specflow.core.rounds import Progress as RaceProgress
+from specflow.records.measurement import Measurement
+from specflow.search.rounds import SearchState
+from specflow.spec.memory import Headroom
 
 
 def window_line(m: Measurement) -> str:
@@ -66,7 +66,7 @@ class SweepProgress:
         if self._bar is not None:
             self._bar.update(self._task, total=self.total)
 
-    def point(self, m: Measurement) -> None:
+    def window(self, m: Measurement) -> None:
         """A window finished (or failed)."""
         self.done += 1
         if self._bar is not None:
@@ -143,7 +143,7 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
                           highlight=False, soft_wrap=True)
     for p in summary["problems"]:  # one line each, also in a log (no wrapping)
         out.print(f"[yellow]no decision:[/] {escape(p)}", soft_wrap=True)
-    out.print(f"{summary['ok']}/{summary['points']} windows ok in {elapsed:.0f} s; "
+    out.print(f"{summary['ok']}/{summary['windows']} windows ok in {elapsed:.0f} s; "
               f"missing {len(summary['missing'])}")
     cost = summary.get("cost")
     if cost:
@@ -196,7 +196,7 @@ def print_headroom(reports: Sequence[Headroom], out: Console) -> None:
 
 
 
-def round_lines(progress: RaceProgress, names: Mapping[str, str]) -> list[str]:
+def round_lines(progress: SearchState, names: Mapping[str, str]) -> list[str]:
     """Plain log lines: what the last finished round decided, and what runs next."""
     def name(h: str) -> str:
         return names.get(h, h[:8])

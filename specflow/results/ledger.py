@@ -1,10 +1,10 @@
 """The local, durable record of a sweep: the source of truth for resume and for MLflow sync.
 
-Every finished window is written here first (atomically, one JSON file per point), then logged
+Every finished window is written here first (atomically, one JSON file per window), then logged
 to MLflow. A re-run of the same sweep (same plan hash, same vLLM version) reads it to skip
-finished points, re-runs failed ones and pushes points MLflow never received.
-A point file that cannot be read back (torn, empty, binary, of the wrong shape) is moved into
-`points/quarantine/` with a warning and its window counts as missing, so the re-run measures it
+finished windows, re-runs failed ones and pushes windows MLflow never received.
+A window file that cannot be read back (torn, empty, binary, of the wrong shape) is moved into
+`windows/quarantine/` with a warning and its window counts as missing, so the re-run measures it
 again instead of failing on it.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.core.fsio import atomic_write_json, fsync_dir
-from specflow.core.records import Measurement
+from specflow.records.fsio import atomic_write_json, fsync_dir
+from specflow.records.measurement import Measurement
 
 log = logging.getLogger("specflow.results.ledger")
 
@@ -46,13 +46,13 @@ def renew_lease(path: Path | str, **fields: Any) -> None:
 
 @dataclass(frozen=True)
 class Entry:
-    """One point as the ledger holds it."""
+    """One window as the ledger holds it."""
 
     measurement: Measurement
     run_id: str | None
     """MLflow child run id once logged."""
     logged: bool
-    """Whether MLflow has the final state of this point."""
+    """Whether MLflow has the final state of this window."""
 
 
 class Ledger:
@@ -60,12 +60,15 @@ class Ledger:
 
     def __init__(self, workdir: Path | str, sid: str):
         self.dir = Path(workdir).resolve() / "sweeps" / sid
-        self.points = self.dir / "points"
-        self.points.mkdir(parents=True, exist_ok=True)
+        self.windows = self.dir / "windows"
+        legacy = self.dir / "points"  # the directory's earlier name: renamed, never re-measured
+        if legacy.is_dir() and not self.windows.exists():
+            legacy.rename(self.windows)
+        self.windows.mkdir(parents=True, exist_ok=True)
         self.sid = sid
 
-    def _path(self, point_id: str) -> Path:
-        return self.points / (point_id.replace("/", "__") + ".json")
+    def _path(self, window_id: str) -> Path:
+        return self.windows / (window_id.replace("/", "__") + ".json")
 
     def record(self, m: Measurement, run_id: str | None = None) -> None:
         """Keep a finished (or failed) window, not yet logged to MLflow."""
@@ -74,22 +77,22 @@ class Ledger:
         atomic_write_json(self._path(m.key.id), {"measurement": m.to_json(), "run_id": run_id,
                                              "logged": False})
 
-    def mark_logged(self, point_id: str, run_id: str) -> None:
-        entry = self.get(point_id)
+    def mark_logged(self, window_id: str, run_id: str) -> None:
+        entry = self.get(window_id)
         if entry is None:
-            raise KeyError(point_id)
-        atomic_write_json(self._path(point_id), {"measurement": entry.measurement.to_json(),
+            raise KeyError(window_id)
+        atomic_write_json(self._path(window_id), {"measurement": entry.measurement.to_json(),
                                              "run_id": run_id, "logged": True})
 
-    def get(self, point_id: str) -> Entry | None:
-        """The point's entry; None when it has none (or its file was bad and is now moved aside)."""
-        path = self._path(point_id)
+    def get(self, window_id: str) -> Entry | None:
+        """The window's entry; None when it has none (or its file was bad and is moved aside)."""
+        path = self._path(window_id)
         if not path.is_file():
             return None
         return self._read(path)
 
     def _read(self, path: Path) -> Entry | None:
-        """The entry in a point file, or None after quarantining a file that is not one."""
+        """The entry in a window file, or None after quarantining a file that is not one."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             entry = Entry(Measurement.from_json(data["measurement"]), data["run_id"],
@@ -105,31 +108,31 @@ class Ledger:
         return None
 
     def _shape_problem(self, path: Path, entry: Entry) -> str | None:
-        """What is wrong with a parsed entry (None: nothing); it must be this file's point."""
+        """What is wrong with a parsed entry (None: nothing); it must be this file's window."""
         m = entry.measurement
         if self._path(m.key.id) != path:
-            return f"it holds point {m.key.id!r}"
+            return f"it holds window {m.key.id!r}"
         if not isinstance(entry.logged, bool) or not isinstance(entry.run_id, str | None) \
                 or m.status not in ("ok", "failed"):
             return "run_id, logged or status has the wrong type"
         return None
 
     def _quarantine(self, path: Path, problem: str) -> None:
-        """Move a bad point file into points/quarantine/ (kept for a post-mortem)."""
+        """Move a bad window file into windows/quarantine/ (kept for a post-mortem)."""
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        dest = self.points / "quarantine" / f"{path.name}.{stamp}"
+        dest = self.windows / "quarantine" / f"{path.name}.{stamp}"
         dest.parent.mkdir(exist_ok=True)
         try:
             os.replace(path, dest)
         except FileNotFoundError:
             return  # another reader moved it first
-        fsync_dir(self.points)
-        log.warning("ledger point file %s is unreadable (%s); moved to %s, its window will be "
+        fsync_dir(self.windows)
+        log.warning("ledger window file %s is unreadable (%s); moved to %s, its window will be "
                     "measured again", path, problem[:200], dest)
 
     def entries(self) -> Iterator[Entry]:
-        """Every readable point (bad files are quarantined and skipped)."""
-        for path in sorted(self.points.glob("*.json")):
+        """Every readable window (bad files are quarantined and skipped)."""
+        for path in sorted(self.windows.glob("*.json")):
             entry = self._read(path)
             if entry is not None:
                 yield entry

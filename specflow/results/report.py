@@ -17,19 +17,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from specflow.core.analysis import (
-    Analysis,
-    ClassResult,
-    Estimate,
-    PointSpeedup,
-    PointStats,
-    decision_rows,
-)
-from specflow.core.fsio import atomic_write
-from specflow.core.predict import Versus, summary
-from specflow.core.records import Measurement
-from specflow.core.requests import LevelRequests, agreement, analyze_requests
-from specflow.core.rounds import Round, ScheduleCheck
+from specflow.decision.choose import decision_rows
+from specflow.decision.model import Analysis, ClassResult, Estimate, PointSpeedup, PointStats
+from specflow.decision.requests import LevelRequests, agreement, analyze_requests
+from specflow.records.fsio import atomic_write
+from specflow.records.measurement import Measurement
+from specflow.search.predict import Versus, summary
+from specflow.search.rounds import Round, ScheduleCheck
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specflow.core.compile import EngineConfig, SweepPlan
-from specflow.core.promote import Promotion
-from specflow.core.records import Measurement
+from specflow.champions.promote import Promotion
+from specflow.records.measurement import Measurement
+from specflow.spec.compile import EngineConfig, SweepPlan
 
 log = logging.getLogger("specflow.results.tracking")
 
 SWEEP_TAG = "specflow.sweep_id"
-POINT_TAG = "specflow.point_id"
+WINDOW_TAG = "specflow.window_id"
 KIND_TAG = "specflow.kind"
 
 
@@ -33,7 +33,7 @@ def _client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
-def point_metrics(m: Measurement) -> dict[str, float]:
+def window_metrics(m: Measurement) -> dict[str, float]:
     """Scalar metrics of a measured window (no sentinel values: absent stays absent)."""
     out: dict[str, float] = {
         "output_throughput": m.output_throughput,
@@ -53,7 +53,7 @@ def point_metrics(m: Measurement) -> dict[str, float]:
     return out
 
 
-def point_params(m: Measurement, ec: EngineConfig | None) -> dict[str, str]:
+def window_params(m: Measurement, ec: EngineConfig | None) -> dict[str, str]:
     return {
         "method": m.method, "drafter": m.drafter, "num_speculative_tokens":
             str(m.num_speculative_tokens), "workload": m.key.workload,
@@ -139,7 +139,7 @@ class Tracker:
                   "engine_configs": str(len(plan.engine_configs)),
                   "workloads": ",".join(plan.workloads),
                   "concurrency": ",".join(map(str, plan.concurrency)),
-                  "repeats": str(plan.repeats), "num_points": str(plan.num_points)}
+                  "repeats": str(plan.repeats), "num_windows": str(plan.num_windows)}
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "config.yaml").write_text(config_yaml)
@@ -149,7 +149,7 @@ class Tracker:
                 self.client.log_artifact(run_id, str(Path(tmp) / name))
         return run_id
 
-    def log_point(self, parent_id: str, m: Measurement, ec: EngineConfig | None,
+    def log_window(self, parent_id: str, m: Measurement, ec: EngineConfig | None,
                   files: Sequence[Path] = (), run_id: str | None = None) -> str:
         """Create (or complete) the child run of one window; returns its run id."""
         from mlflow.entities import Metric, Param, RunTag
@@ -157,15 +157,15 @@ class Tracker:
 
         name = f"{m.engine} {m.key.workload} c{m.key.concurrency} r{m.key.repeat}"
         if run_id is None:
-            existing = self._find({POINT_TAG: m.key.id, "mlflow.parentRunId": parent_id})
+            existing = self._find({WINDOW_TAG: m.key.id, "mlflow.parentRunId": parent_id})
             run_id = existing[0].info.run_id if existing else None
         logged: set[str] = set()  # metric keys already on the run (one log_batch: all or none)
         if run_id is None:
             run = self.client.create_run(self.experiment_id(), run_name=name, tags={
-                "mlflow.parentRunId": parent_id, POINT_TAG: m.key.id, KIND_TAG: "point",
+                "mlflow.parentRunId": parent_id, WINDOW_TAG: m.key.id, KIND_TAG: "window",
                 "mlflow.runName": name})
             run_id = run.info.run_id
-            params = point_params(m, ec)
+            params = window_params(m, ec)
         else:
             # completing a run a killed logger left behind: only what it had not logged yet,
             # so that no metric's history holds the window twice
@@ -174,13 +174,13 @@ class Tracker:
                 return run_id  # logged completely before (a sync that lost only the ledger mark)
             self.client.update_run(run_id, status="RUNNING")
             logged = set(found.data.metrics)
-            params = {k: v for k, v in point_params(m, ec).items() if k not in found.data.params}
+            params = {k: v for k, v in window_params(m, ec).items() if k not in found.data.params}
         if params:
             self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
         now = get_current_time_millis()
         tags = [RunTag("specflow.status", m.status)]
         if m.ok:
-            metrics = [Metric(k, v, now, 0) for k, v in point_metrics(m).items()]
+            metrics = [Metric(k, v, now, 0) for k, v in window_metrics(m).items()]
             metrics += [Metric("acceptance_per_position", v, now, i)
                         for i, v in enumerate(m.per_position_acceptance)]
             metrics = [mt for mt in metrics if mt.key not in logged]

@@ -5,7 +5,7 @@
 process or on another worker and sees the same sweep.
 """
 
-from specflow.steps.context import Context, OnPoint, OnRound, headroom_reports, open_sweep
+from specflow.steps.context import Context, OnRound, OnWindow, headroom_reports, open_sweep
 from specflow.steps.decide import Outcome, decide, outcome_summary
 from specflow.steps.measure import (
     UNIT_KINDS,
@@ -25,7 +25,7 @@ from specflow.steps.measure import (
 
 __all__ = [
     "UNIT_KINDS", "Context", "DevicesShort", "EngineStartFailed", "give_up", "run_unit",
-    "unit_of", "OnPoint", "OnRound", "Outcome", "decide", "headroom_reports",
+    "unit_of", "OnWindow", "OnRound", "Outcome", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
     "log_round", "progress", "run_closing_baseline", "run_start",
 ]

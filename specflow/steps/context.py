@@ -19,22 +19,23 @@ from typing import Any
 
 from specflow.config.artifact import artifact_config
 from specflow.config.compose import Loaded, load_plan
-from specflow.core import predict, racing, rounds
-from specflow.core.compile import EngineConfig, SweepPlan
-from specflow.core.errors import Problem, SpecError
-from specflow.core.memory import Headroom, headroom
-from specflow.core.records import Measurement
-from specflow.core.schema import Spec
 from specflow.demo import tiny
-from specflow.engine import device, probe
+from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, plan_windows
+from specflow.records.measurement import Measurement
 from specflow.results.ledger import Ledger, sweep_id
 from specflow.results.tracking import Tracker
+from specflow.search import predict
+from specflow.search.plan import EngineStart, Shape
+from specflow.spec.compile import EngineConfig, SweepPlan
+from specflow.spec.errors import Problem, SpecError
+from specflow.spec.memory import Headroom, headroom
+from specflow.spec.schema import Spec
 from specflow.workloads import MaterializedWorkload, materialize_all
 
 log = logging.getLogger("specflow.steps")
 
-OnPoint = Callable[[Measurement], None]
+OnWindow = Callable[[Measurement], None]
 """Progress callback: called with each finished (or failed) window."""
 OnRound = Callable[[list[str], int], None]
 """Called in-process with each racing round's log lines (what it decided, what runs next) and
@@ -51,7 +52,7 @@ class Context:
     overrides: tuple[str, ...]
     loaded: Loaded
     plan: SweepPlan
-    facts: probe.VllmFacts
+    facts: vllm_check.VllmFacts
     ledger: Ledger
     headroom: dict[str, Headroom]
     datasets: dict[str, MaterializedWorkload]
@@ -85,21 +86,18 @@ class Context:
     def baseline(self) -> EngineConfig | None:
         return next((ec for ec in self.plan.engine_configs if ec.method == "none"), None)
 
-    def shape(self) -> rounds.Shape:
+    def shape(self) -> Shape:
         """What the round planner may measure: the plan's configs, points and budget."""
         sweep = self.spec.sweep
         base = self.baseline()
         b = sweep.budget
-        return rounds.Shape(
+        return Shape(
             design=sweep.design, baseline=base.hash if base is not None else "",
             candidates=tuple(ec.hash for ec in self.plan.engine_configs if ec.method != "none"),
             workloads={n: w.traffic_class for n, w in self.spec.workload.items()},
             concurrency=tuple(sweep.concurrency), repeats=sweep.repeats,
             closing_repeats=sweep.closing_baseline_repeats,
-            budget=racing.Budget(b.engine_seconds, b.windows, b.engine_starts, b.max_rounds,
-                                 b.confirm_starts, b.max_confirm_starts, b.confirm_looks,
-                                 b.max_repeats),
-            baseline_every=b.baseline_every,
+            budget=b, baseline_every=b.baseline_every,
             engines={ec.hash: ec for ec in self.plan.engine_configs},
             search=sweep.search, chains=predict.chains(self.plan.engine_configs),
             kv_capacity=self.kv_capacity())
@@ -108,7 +106,7 @@ class Context:
         """Engine hash -> requests its KV cache holds at the workloads' context (headroom)."""
         return {h: r.concurrency_at_context for h, r in self.headroom.items()}
 
-    def start_windows(self, start: rounds.Start) -> list[Window]:
+    def start_windows(self, start: EngineStart) -> list[Window]:
         """The windows of one planned engine start."""
         firsts = {(w.workload, w.concurrency): w for w in self.windows if w.repeat == 0}
         template = {w.workload: w for w in self.windows if w.repeat == 0}
@@ -157,7 +155,7 @@ class Context:
             ec = None
         files = [Path(p) for p in m.artifacts.values()]
         try:
-            run_id = self.tracker.log_point(self.parent_run_id, m, ec, files,
+            run_id = self.tracker.log_window(self.parent_run_id, m, ec, files,
                                             run_id=entry.run_id if entry else None)
         except Exception as exc:  # noqa: BLE001 - any store failure: the window stays unlogged in the ledger
             self.went_offline(exc)
@@ -179,7 +177,7 @@ def _git_commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def pins(loaded: Loaded, facts: probe.VllmFacts) -> dict[str, str]:
+def pins(loaded: Loaded, facts: vllm_check.VllmFacts) -> dict[str, str]:
     """Versions and revisions that make a result reproducible (logged on the parent run)."""
     s = loaded.spec
     out = {"specflow": md.version("specflow"), "vllm": facts.version,
@@ -189,7 +187,7 @@ def pins(loaded: Loaded, facts: probe.VllmFacts) -> dict[str, str]:
         ckpt = d.checkpoints.get(s.target.name)
         if ckpt is not None:
             out[f"drafter.{name}"] = f"{ckpt.model}@{ckpt.revision or 'unpinned'}"
-    devices = device.probe()
+    devices = device.detect()
     out["device"] = devices[0].name if devices else "cpu"
     out["driver"] = devices[0].driver if devices else "none"
     out["git_commit"] = _git_commit()
@@ -199,8 +197,8 @@ def pins(loaded: Loaded, facts: probe.VllmFacts) -> dict[str, str]:
 def headroom_reports(loaded: Loaded, plan: SweepPlan) -> list[Headroom]:
     """Headroom of every engine config, with the real device memory when one is present."""
     total = free = None
-    if loaded.spec.headroom.use_device_probe:
-        found = [d for d in device.probe() if d.vendor == loaded.spec.hardware.vendor]
+    if loaded.spec.headroom.use_device_memory:
+        found = [d for d in device.detect() if d.vendor == loaded.spec.hardware.vendor]
         if found:
             total, free = found[0].total_bytes, found[0].free_bytes
     return [headroom(loaded.spec, ec, device_total_bytes=total, device_free_bytes=free)
@@ -215,15 +213,15 @@ def _local_models(loaded: Loaded) -> bool:
     return any(Path(p).resolve().is_relative_to(root) for p in paths)
 
 
-def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> probe.VllmFacts:
+def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> vllm_check.VllmFacts:
     """The installed vLLM's facts; every speculative config must be one it accepts."""
     spec = loaded.spec
     try:
-        facts = probe.facts(spec.backend.vllm_command)
-    except probe.ProbeError as exc:
+        facts = vllm_check.facts(spec.backend.vllm_command)
+    except vllm_check.VllmCheckError as exc:
         raise SpecError([Problem("backend.vllm_command", f"cannot reach vLLM ({exc})",
                                  spec.backend.vllm_command, "a command that runs vLLM")]) from None
-    problems = probe.check_plan(facts, plan.engine_configs)
+    problems = vllm_check.check_plan(facts, plan.engine_configs)
     if problems:
         raise SpecError(problems)
     return facts
@@ -232,11 +230,11 @@ def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> probe.VllmFacts:
 def measured_settings(spec: Spec) -> dict[str, Any]:
     """Besides the plan, what changes what a window measures (part of the sweep's identity):
     the workloads (prompts, output lengths, sources), the warm-up, the design and the search
-    (named only when adaptive: grid sweeps keep the identity they had before it existed)."""
+    (named only when adaptive: an exhaustive search keeps the identity of a sweep without one)."""
     out = {"workload": {k: w.model_dump(mode="json") for k, w in spec.workload.items()},
            "warmup_requests": spec.sweep.warmup_requests,
            "warmup_scope": "first window per level", "design": spec.sweep.design}
-    if spec.sweep.search != "grid" and spec.sweep.design == "race":
+    if spec.sweep.search != "exhaustive" and spec.sweep.design == "race":
         out["search"] = spec.sweep.search
     return out
 

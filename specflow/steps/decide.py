@@ -9,11 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specflow.core import analysis, predict, promote, rounds
-from specflow.core.analysis import Analysis
-from specflow.core.fsio import atomic_write
-from specflow.engine import probe
+from specflow.champions import promote
+from specflow.decision.choose import analyze, decision_rows
+from specflow.decision.model import Analysis, AnalysisError
+from specflow.engine import vllm_check
+from specflow.records.fsio import atomic_write
 from specflow.results import report
+from specflow.search import predict, rounds
+from specflow.search.plan import BandKey, spent_by, split_baseline
+from specflow.search.schedules import measured_schedules
 from specflow.steps import measure
 from specflow.steps.context import Context, experiment_name
 from specflow.steps.measure import measurements, missing
@@ -44,7 +48,7 @@ def check_schedules(result: Analysis, vllm_command: Sequence[str] | None, vllm_l
     kept, problems = [], []
     for r in result.classes:
         schedule = r.deployment.schedule
-        error = probe.check_schedule(schedule, vllm_command) if schedule else None
+        error = vllm_check.check_schedule(schedule, vllm_command) if schedule else None
         if error is None:
             kept.append(r)
         else:
@@ -60,29 +64,29 @@ def _grid(ctx: Context) -> Analysis:
     r0 = ctx.spec.sweep.repeats
     closing = [m for m in ctx.ledger.measurements()
                if base is not None and m.key.engine_hash == base.hash and m.key.repeat >= r0]
-    return analysis.analyze(measurements(ctx), ctx.spec.promote, closing_baseline=closing,
+    return analyze(measurements(ctx), ctx.spec.promote, closing_baseline=closing,
                             refused_by_headroom=measure.refused(ctx))
 
 
-def _raced(ctx: Context, progress: rounds.Progress
-           ) -> tuple[Analysis, dict[rounds.BandKey, Any]]:
+def _raced(ctx: Context, progress: rounds.SearchState
+           ) -> tuple[Analysis, dict[BandKey, Any]]:
     """A racing sweep: every round's windows, decided under the race's final band states."""
     if progress.current is not None:
         left = sum(1 for s in progress.current.starts for k in s.window_keys()
                    if k.id not in ctx.ledger.finished())
-        raise analysis.AnalysisError([f"round {progress.current.index} is unfinished: {left} "
+        raise AnalysisError([f"round {progress.current.index} is unfinished: {left} "
                                       "windows missing; run the sweep again to finish it"])
     if progress.problems:
-        raise analysis.AnalysisError(list(progress.problems))
+        raise AnalysisError(list(progress.problems))
     base = ctx.baseline()
     ms = [m for m in measure.plan_measurements(ctx) if m.stage != "schedule"]
-    opening, later = rounds.split_baseline(ms, base.hash if base is not None else "")
+    opening, later = split_baseline(ms, base.hash if base is not None else "")
     states = dict(progress.states)
-    return analysis.analyze(opening, ctx.spec.promote, closing_baseline=later,
+    return analyze(opening, ctx.spec.promote, closing_baseline=later,
                             refused_by_headroom=measure.refused(ctx), race=states), states
 
 
-def analyse(ctx: Context) -> tuple[Analysis, rounds.Progress | None]:
+def analyse(ctx: Context) -> tuple[Analysis, rounds.SearchState | None]:
     """The sweep's analysis from its records (and a racing sweep's replayed rounds); raises
     AnalysisError when the data cannot carry a decision."""
     if ctx.spec.sweep.design == "race":
@@ -95,7 +99,7 @@ def decide(ctx: Context) -> Outcome:
     """Analyse every finished window, write the report and plots, promote per traffic class."""
     try:
         result, progress = analyse(ctx)
-    except analysis.AnalysisError as exc:
+    except AnalysisError as exc:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
     versus = predict.versus(predict.point_speedups(result), ctx.ledger.measurements(),
                             ctx.plan.engine_configs, kv_capacity=ctx.kv_capacity())
@@ -107,12 +111,12 @@ def decide(ctx: Context) -> Outcome:
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     if progress is not None:
-        promotable, more = rounds.measured_schedules(promotable, progress.schedules)
+        promotable, more = measured_schedules(promotable, progress.schedules)
         problems += more
     engines = {ec.hash: ec for ec in ctx.plan.engine_configs}
     promotions = promote.promote_all(promotable, engines, ctx.spec.promote,
                                      on_promoted=lambda p: _register(ctx, p))
-    table = [row for r in result.classes for row in analysis.decision_rows(r)]
+    table = [row for r in result.classes for row in decision_rows(r)]
     if ctx.tracker is not None and ctx.parent_run_id is not None:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:
@@ -175,7 +179,7 @@ def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
         "promotions": [{"traffic_class": p.traffic_class, "status": p.status,
                         "version": p.version, "path": str(p.path)} for p in outcome.promotions],
         "table": outcome.table,
-        "points": len(entries), "ok": sum(e.measurement.ok for e in entries),
+        "windows": len(entries), "ok": sum(e.measurement.ok for e in entries),
         "unlogged": sum(not e.logged for e in entries),
         "tracking_uri": ctx.spec.tracking.uri, "tracking_error": ctx.tracking_error,
         "experiment": experiment_name(ctx.loaded), "parent_run_id": ctx.parent_run_id,
@@ -188,12 +192,12 @@ def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
 def search_cost(ctx: Context) -> dict[str, Any]:
     """Engine starts and windows spent, against what the grid of the same plan costs (every
     engine config started once, its windows at every point, the closing baseline)."""
-    s = rounds.spent(ctx.ledger.measurements())
+    s = spent_by(ctx.ledger.measurements())
     sweep = ctx.spec.sweep
     points = len(ctx.spec.workload) * len(set(sweep.concurrency))
     configs = len(ctx.plan.engine_configs)
     closing = int(sweep.closing_baseline_repeats > 0 and ctx.baseline() is not None)
-    return {"search": sweep.search if sweep.design == "race" else "grid",
+    return {"search": sweep.search if sweep.design == "race" else "exhaustive",
             "engine_starts": s.engine_starts, "windows": s.windows,
             "engine_seconds": round(s.engine_seconds, 1),
             "grid_engine_starts": configs + closing,

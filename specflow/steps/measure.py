@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from specflow.core import rounds
-from specflow.core.compile import EngineConfig
-from specflow.core.memory import Headroom, headroom
-from specflow.core.records import Measurement, PointKey
-from specflow.engine import device, probe
+from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, run_engine
-from specflow.steps.context import Context, OnPoint
+from specflow.records.measurement import Measurement, WindowKey
+from specflow.search import rounds
+from specflow.search.plan import EngineStart
+from specflow.spec.compile import EngineConfig
+from specflow.spec.memory import Headroom, headroom
+from specflow.steps.context import Context, OnWindow
 
 RETRYABLE_START_FAILURES = frozenset({"start_failed", "hang", "busy_port"})
 """Engine start failures a second attempt can cure (OOM and bad configs cannot)."""
@@ -43,7 +44,7 @@ def check_devices(ctx: Context) -> None:
 
 
 def _failed(ec: EngineConfig, w: Window, failure: str, detail: str,
-            start: rounds.Start | None = None) -> Measurement:
+            start: EngineStart | None = None) -> Measurement:
     """Window `w` of `ec` recorded as failed without being measured (`failure`: why)."""
     m = Measurement(key=w.key(ec), engine=ec.name, drafter=ec.series, method=ec.method,
                     num_speculative_tokens=ec.num_speculative_tokens,
@@ -54,20 +55,20 @@ def _failed(ec: EngineConfig, w: Window, failure: str, detail: str,
 
 
 def _record_failed(ctx: Context, ec: EngineConfig, windows: Sequence[Window], failure: str,
-                   detail: str, start: rounds.Start | None = None,
-                   on_point: OnPoint | None = None) -> int:
+                   detail: str, start: EngineStart | None = None,
+                   on_window: OnWindow | None = None) -> int:
     """Record (and log) each window of `windows` as failed; returns how many."""
     for w in windows:
         m = _failed(ec, w, failure, detail, start)
         ctx.ledger.record(m)
         ctx.log(m)
-        if on_point is not None:
-            on_point(m)
+        if on_window is not None:
+            on_window(m)
     return len(windows)
 
 
 def give_up(ctx: Context, ec: EngineConfig, windows: Sequence[Window], failure: str,
-            detail: str, start: rounds.Start | None = None) -> int:
+            detail: str, start: EngineStart | None = None) -> int:
     """Record the unfinished windows of `windows` as failed (`failure`): a config that could
     not be measured anywhere. A later run measures them again. Returns how many."""
     finished = ctx.ledger.finished()
@@ -81,7 +82,7 @@ def _refused(ec: EngineConfig, windows: Sequence[Window], h: Headroom) -> list[M
 
 
 def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
-               on_point: OnPoint | None = None, start: rounds.Start | None = None
+               on_window: OnWindow | None = None, start: EngineStart | None = None
                ) -> dict[str, Any]:
     """Measure the windows of `ec` that are not finished yet; finished ones are not redone.
     With a planned `start`, each window records its place in the run order and its round."""
@@ -110,15 +111,15 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
         ctx.ledger.record(m)
         ctx.log(m)
         summary["ok" if m.ok else "failed"] += 1
-        if on_point is not None:
-            on_point(m)
+        if on_window is not None:
+            on_window(m)
     return summary
 
 
-def measure(ctx: Context, engine_hash: str, on_point: OnPoint | None = None) -> dict[str, Any]:
+def measure(ctx: Context, engine_hash: str, on_window: OnWindow | None = None) -> dict[str, Any]:
     """Every opening window of one engine config; raises EngineStartFailed when a retry may help."""
     ec = ctx.engine(engine_hash)
-    summary = run_config(ctx, ec, ctx.windows, on_point)
+    summary = run_config(ctx, ec, ctx.windows, on_window)
     if summary["started"] and summary["ok"] == 0 and summary["failed"]:
         kinds = {e.measurement.failure for e in ctx.ledger.entries()
                  if e.measurement.key.engine_hash == ec.hash and not e.measurement.ok}
@@ -127,15 +128,15 @@ def measure(ctx: Context, engine_hash: str, on_point: OnPoint | None = None) -> 
     return summary
 
 
-def run_closing_baseline(ctx: Context, on_point: OnPoint | None = None) -> dict[str, Any]:
+def run_closing_baseline(ctx: Context, on_window: OnWindow | None = None) -> dict[str, Any]:
     """Measure the baseline again after the candidates (skipped when already done)."""
     ec = ctx.baseline()
     if ec is None or not ctx.spec.sweep.closing_baseline_repeats:
         return {"engine": None, "skipped": 0, "ok": 0, "failed": 0, "started": False}
-    return run_config(ctx, ec, ctx.closing_windows(), on_point)
+    return run_config(ctx, ec, ctx.closing_windows(), on_window)
 
 
-def missing(ctx: Context) -> list[PointKey]:
+def missing(ctx: Context) -> list[WindowKey]:
     """Windows the sweep still has to measure: a grid's opening and closing windows without a
     successful measurement; a race's windows of the round still running."""
     finished = ctx.ledger.finished()
@@ -167,35 +168,36 @@ def refused(ctx: Context) -> frozenset[str]:
     return frozenset(h for h, r in ctx.headroom.items() if r.verdict == "refuse")
 
 
-def progress(ctx: Context) -> rounds.Progress:
+def progress(ctx: Context) -> rounds.SearchState:
     """The sweep's rounds replayed from the ledger, and the round to run now."""
     return rounds.replay(ctx.shape(), ctx.spec.promote, plan_measurements(ctx), refused(ctx))
 
 
-def run_start(ctx: Context, seq: int, on_point: OnPoint | None = None) -> dict[str, Any]:
+def run_start(ctx: Context, seq: int, on_window: OnWindow | None = None) -> dict[str, Any]:
     """Measure the engine start at position `seq` of the current round (nothing when that round
     is over: a retried task finds its windows finished)."""
-    return _run_start(ctx, seq, *unit_of(ctx, "start", str(seq)), on_point)
+    return _run_start(ctx, seq, *unit_of(ctx, "start", str(seq)), on_window)
 
 
 def _run_start(ctx: Context, seq: int, ec: EngineConfig | None, windows: Sequence[Window],
-               start: rounds.Start | None, on_point: OnPoint | None) -> dict[str, Any]:
+               start: EngineStart | None, on_window: OnWindow | None) -> dict[str, Any]:
     if ec is None or start is None:
         return {"engine": None, "seq": seq, "skipped": 0, "ok": 0, "failed": 0, "started": False}
     if ec.hash not in ctx.headroom:  # an N schedule derived by the race
         ctx.headroom[ec.hash] = headroom(ctx.spec, ec)
         schedule = (ec.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
-        error = probe.check_schedule(schedule, ctx.spec.backend.vllm_command) if schedule else None
+        error = (vllm_check.check_schedule(schedule, ctx.spec.backend.vllm_command)
+                 if schedule else None)
         if error is not None:  # the installed vLLM rejects it: its windows fail, no start
             failed = _record_failed(ctx, ec, windows, "schedule_rejected", error, start,
-                                    on_point)
+                                    on_window)
             return {"engine": ec.name, "hash": ec.hash, "seq": start.seq, "skipped": 0,
                     "ok": 0, "failed": failed, "started": False}
-    summary = run_config(ctx, ec, windows, on_point, start)
+    summary = run_config(ctx, ec, windows, on_window, start)
     return {**summary, "seq": seq, "block": start.block, "stage": start.stage}
 
 
-def log_round(ctx: Context, progress: rounds.Progress) -> None:
+def log_round(ctx: Context, progress: rounds.SearchState) -> None:
     """The last finished round's trail on the sweep's MLflow parent run (offline: skipped)."""
     if ctx.tracker is None or ctx.parent_run_id is None or not progress.rounds:
         return
@@ -224,7 +226,7 @@ planned start of the current round (race), or the closing baseline."""
 
 
 def unit_of(ctx: Context, kind: str, key: str
-            ) -> tuple[EngineConfig | None, list[Window], rounds.Start | None]:
+            ) -> tuple[EngineConfig | None, list[Window], EngineStart | None]:
     """The engine config, windows and planned start of a unit (None, [], None: nothing to do,
     e.g. a start of a round that is over)."""
     if kind == "engine":
@@ -243,7 +245,7 @@ def unit_of(ctx: Context, kind: str, key: str
         ctx.start_windows(start), start
 
 
-def run_unit(ctx: Context, kind: str, key: str, on_point: OnPoint | None = None
+def run_unit(ctx: Context, kind: str, key: str, on_window: OnWindow | None = None
              ) -> dict[str, Any]:
     """Measure one unit (see UNIT_KINDS) after pushing what an earlier attempt at it left
     unlogged; raises EngineStartFailed when a retry may help and DevicesShort when this
@@ -253,7 +255,7 @@ def run_unit(ctx: Context, kind: str, key: str, on_point: OnPoint | None = None
     if ec is not None:
         ctx.synced = ctx.push_unlogged({ec.hash})
     if kind == "engine":
-        return measure(ctx, key, on_point)
+        return measure(ctx, key, on_window)
     if kind == "closing":
-        return run_closing_baseline(ctx, on_point)
-    return _run_start(ctx, int(key), ec, windows, start, on_point)
+        return run_closing_baseline(ctx, on_window)
+    return _run_start(ctx, int(key), ec, windows, start, on_window)

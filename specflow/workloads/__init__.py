@@ -8,7 +8,7 @@ prompts so that a measurement can name what it measured.
 
 Sources (by `source.kind`; `sources.POOLS`, one loader each):
 
-* `hf`: a Hugging Face dataset read from the *local* cache (`specflow.core.hfcache`: parquet/
+* `hf`: a Hugging Face dataset read from the *local* cache (`specflow.spec.hfcache`: parquet/
   jsonl/arrow/csv files of a cached snapshot, or the `datasets` library's arrow cache) or from
   a local directory/file (`hfdata`, `tables`). Nothing is ever downloaded: a dataset that is
   not there is a `SpecError` that says how to supply it.

@@ -1,7 +1,7 @@
 """The data files of a Hugging Face dataset split, found locally only (nothing is downloaded).
 
 Where they may be: a local file or directory named by `source.dataset`; a snapshot in the hub
-cache (`specflow.core.hfcache`: the pinned revision, else `main`, else the hub's auto-converted
+cache (`specflow.spec.hfcache`: the pinned revision, else `main`, else the hub's auto-converted
 parquet branch, else the only snapshot); the `datasets` library's own arrow cache. Within a
 snapshot or directory the split's files are chosen by the dataset card's `configs:` when it has
 them, else by the Hub's file naming conventions.
@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from specflow.core import hfcache
-from specflow.core.errors import Problem, did_you_mean, one_of
-from specflow.core.schema import HfSource
+from specflow.spec import hfcache
+from specflow.spec.errors import Problem, did_you_mean, one_of
+from specflow.spec.schema import HfSource
 from specflow.workloads.model import Fail
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".arrow", ".csv")

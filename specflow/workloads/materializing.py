@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specflow.core.errors import Problem, SpecError
-from specflow.core.fsio import atomic_write
-from specflow.core.schema import GeneratedSource, WorkloadSpec
+from specflow.records.fsio import atomic_write
+from specflow.spec.errors import Problem, SpecError
+from specflow.spec.schema import GeneratedSource, WorkloadSpec
 from specflow.workloads.model import MaterializedWorkload
 from specflow.workloads.rendering import render
 from specflow.workloads.sources import examples

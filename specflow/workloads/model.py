@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specflow.core.errors import Problem
+from specflow.spec.errors import Problem
 
 
 @dataclass(frozen=True)

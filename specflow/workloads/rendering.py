@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from specflow.core.errors import Problem, SpecError
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.errors import Problem, SpecError
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads.model import Example
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specflow.core.errors import Problem, SpecError, did_you_mean, one_of
-from specflow.core.schema import GeneratedSource, HfSource, JsonlSource, PackageSource, WorkloadSpec
+from specflow.spec.errors import Problem, SpecError, did_you_mean, one_of
+from specflow.spec.schema import GeneratedSource, HfSource, JsonlSource, PackageSource, WorkloadSpec
 from specflow.workloads.generators import GENERATORS
 from specflow.workloads.hfdata import hf_files
 from specflow.workloads.model import Example, Fail

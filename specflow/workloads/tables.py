@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specflow.core.errors import Problem, did_you_mean, one_of
+from specflow.spec.errors import Problem, did_you_mean, one_of
 from specflow.workloads.model import Fail
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from specflow.core.errors import Problem, SpecError
+from specflow.spec.errors import Problem, SpecError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer

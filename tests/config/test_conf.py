@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from specflow.config.compose import GROUPS, MULTI, conf_dir, load, load_plan, options
+from specflow.config.compose import conf_dir, load, load_plan, options
+from specflow.config.validation import GROUPS, MULTI
 
 CONF = conf_dir()
 
@@ -46,7 +47,7 @@ def test_entry_composes_validates_and_compiles(group: str, name: str) -> None:
     elif group != "experiment":
         assert loaded.choices[group] == name
     assert plan.engine_configs and plan.engine_configs[0].method == "none"
-    assert plan.num_points == (len(plan.engine_configs) * len(plan.workloads)
+    assert plan.num_windows == (len(plan.engine_configs) * len(plan.workloads)
                                * len(plan.concurrency) * plan.repeats)
 
 

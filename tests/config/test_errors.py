@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specflow import cli
-from specflow.config.compose import Sources, conf_dir, load, load_plan
-from specflow.core.errors import Problem, Raw, SpecError
+from specflow.config.compose import conf_dir, load, load_plan
+from specflow.config.validation import Sources
+from specflow.spec.errors import Problem, Raw, SpecError
 from tests.conftest import ROOT, run_cli
 
 # (overrides, dotted field the message must name)
@@ -86,7 +87,7 @@ INVALID: list[tuple[list[str], str]] = [
                          ids=[" ".join(o) for o, _ in INVALID])
 def test_invalid_config_exits_2_naming_the_field(
         overrides: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["compile", "--no-probe", *overrides])
+    rc = cli.main(["compile", "--no-vllm-check", *overrides])
     out, err = capsys.readouterr()
     assert rc == 2, err
     assert out == ""
@@ -188,7 +189,7 @@ def test_broken_yaml_is_one_problem_naming_file_line_and_column(
         how: str, own_conf: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text, where = BROKEN_YAML[how]
     (own_conf / "experiment" / "x.yaml").write_text(text, errors="surrogateescape")
-    rc = cli.main(["compile", "--no-probe", "experiment=x", "sweep.repeats=3"])
+    rc = cli.main(["compile", "--no-vllm-check", "experiment=x", "sweep.repeats=3"])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "", err
     (line,) = _problem_lines(err)
@@ -201,7 +202,7 @@ def test_duplicate_key_in_a_group_file_is_refused(own_conf: Path,
     path = own_conf / "sweep" / "default.yaml"
     n = len(path.read_text().splitlines())
     path.write_text(path.read_text() + "repeats: 7\n")  # PyYAML alone would keep the last
-    assert cli.main(["compile", "--no-probe"]) == 2
+    assert cli.main(["compile", "--no-vllm-check"]) == 2
     (line,) = _problem_lines(capsys.readouterr().err)
     assert line.startswith(f"  - conf/sweep/default.yaml:{n + 1}:1: invalid YAML: found "
                            "duplicate key repeats"), line
@@ -209,7 +210,7 @@ def test_duplicate_key_in_a_group_file_is_refused(own_conf: Path,
 
 def test_broken_yaml_in_a_real_process(own_conf: Path) -> None:
     (own_conf / "experiment" / "x.yaml").write_text(BROKEN_YAML["tab"][0])
-    proc = run_cli("compile", "--no-probe", "experiment=x")
+    proc = run_cli("compile", "--no-vllm-check", "experiment=x")
     assert proc.returncode == 2 and proc.stdout == ""
     assert "Traceback" not in proc.stderr
     (line,) = _problem_lines(proc.stderr)
@@ -337,7 +338,7 @@ def test_a_refused_override_is_named_and_the_rest_still_checked(
 
 
 def test_a_refused_override_in_a_real_process() -> None:
-    proc = run_cli("compile", "--no-probe", "sweep.repeats=0", "+sweep.repeats=3")
+    proc = run_cli("compile", "--no-vllm-check", "sweep.repeats=0", "+sweep.repeats=3")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = _problem_lines(proc.stderr)
     assert lines[0].startswith("  - sweep.repeats: already set, so '+' cannot add it; got 3")
@@ -360,12 +361,12 @@ def test_sweep_syntax_expands_to_every_combination() -> None:
 
 def test_multirun_runs_the_valid_combinations_and_reports_each_invalid_one(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["-m", "compile", "--no-probe", "experiment=cpu_demo",
+    code = cli.main(["-m", "compile", "--no-vllm-check", "experiment=cpu_demo",
                      "workload.chat.max_tokens=8,-1", "sweep.repeats=1,0"])
     out, errs = capsys.readouterr()
     assert code == 2
     assert "multirun: 4 combinations of compile, 3 invalid" in errs
-    assert '"num_points"' in out and out.count('"plan_hash"') == 1  # the valid one compiled
+    assert '"num_windows"' in out and out.count('"plan_hash"') == 1  # the valid one compiled
     assert re.findall(r"invalid configuration: (\d) problems?", errs) == ["1", "1", "2"]
     lines = [x for x in errs.splitlines() if x.startswith("  - ")]
     assert len(lines) == 4  # one line per problem of each invalid combination
@@ -381,7 +382,7 @@ def test_multirun_runs_the_valid_combinations_and_reports_each_invalid_one(
 ])
 def test_multirun_names_an_override_it_cannot_sweep(override: str, says: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["-m", "compile", "--no-probe", override]) == 2
+    assert cli.main(["-m", "compile", "--no-vllm-check", override]) == 2
     (line,) = _problem_lines(capsys.readouterr().err)
     assert line.startswith("  - override: ") and says in line and repr(override) in line
 
@@ -398,7 +399,7 @@ def test_several_values_without_multirun_point_to_it() -> None:
 
 
 def test_control_characters_never_split_a_problem(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["compile", "--no-probe", "sweep.repeats='a\nb'", "sweep.warmup_requests="
+    assert cli.main(["compile", "--no-vllm-check", "sweep.repeats='a\nb'", "sweep.warmup_requests="
                      "':smile: [red]x\x1b[2J\u2028'"]) == 2
     lines = _problem_lines(capsys.readouterr().err)
     assert len(lines) == 2
@@ -415,7 +416,7 @@ def test_control_characters_never_split_a_problem(capsys: pytest.CaptureFixture[
 def test_deploy_refuses_an_invalid_config_the_way_the_cli_does() -> None:
     proc = subprocess.run([sys.executable, "-m", "pipelines.deploy", "sweep.repeats=0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    cli_proc = run_cli("compile", "--no-probe", "sweep.repeats=0")
+    cli_proc = run_cli("compile", "--no-vllm-check", "sweep.repeats=0")
     assert proc.returncode == cli_proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert proc.stderr == cli_proc.stderr
@@ -455,7 +456,7 @@ _OVERRIDE = st.one_of(
 @given(overrides=st.lists(_OVERRIDE, max_size=4))
 def test_random_overrides_never_raise(overrides: list[str],
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["compile", "--no-probe", *overrides])
+    rc = cli.main(["compile", "--no-vllm-check", *overrides])
     out, err = capsys.readouterr()
     assert rc in (0, 2)
     if rc == 2:
@@ -467,6 +468,6 @@ def test_no_secret_typed_on_the_command_line_is_echoed(capsys: pytest.CaptureFix
     for override in ("drafter.ngram.extra_args=[--api-key,SECRETX]",
                      "backend.engine.extra_args=[--api-key=SECRETX]",
                      "+backend.engine.extra_args=[--hf-token,SECRETX]"):
-        assert cli.main(["compile", "--no-probe", "drafter=[none,ngram]", override]) == 2
+        assert cli.main(["compile", "--no-vllm-check", "drafter=[none,ngram]", override]) == 2
         out, err = capsys.readouterr()
         assert "SECRETX" not in out + err and "***" in err, err

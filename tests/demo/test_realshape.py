@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from specflow.core.memory import safetensors_params
 from specflow.demo import realshape, tiny
+from specflow.spec.memory import safetensors_params
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,13 +25,13 @@ import pytest
 
 from specflow import workloads
 from specflow.config.compose import load, load_plan
-from specflow.core.errors import SpecError
-from specflow.core.memory import arch_from_config, arch_from_dir, headroom
-from specflow.core.records import Measurement
 from specflow.demo import tiny
 from specflow.engine.runner import plan_windows, run_engine
 from specflow.engine.server import reported_kv
+from specflow.records.measurement import Measurement
 from specflow.results.ledger import Ledger
+from specflow.spec.errors import SpecError
+from specflow.spec.memory import arch_from_config, arch_from_dir, headroom
 from tests.conftest import run_cli
 
 OVERLAY = "experiment=cpu_seed_methods"
@@ -322,9 +322,9 @@ def test_main_job_completes_with_one_mlflow_child_per_point(runs: Runs) -> None:
     (exp,) = [e for e in client.search_experiments() if e.name == "specflow/tiny_mimo_mtp/cpu"]
     found = client.search_runs([exp.experiment_id], max_results=1000)
     (parent,) = [r for r in found if r.data.tags.get("specflow.kind") == "sweep"]
-    children = [r for r in found if r.data.tags.get("specflow.kind") == "point"]
+    children = [r for r in found if r.data.tags.get("specflow.kind") == "window"]
     # 3 engine configs x 1 workload x 1 concurrency x 2 repeats, no closing baseline
-    assert len(children) == 6 == len({c.data.tags["specflow.point_id"] for c in children})
+    assert len(children) == 6 == len({c.data.tags["specflow.window_id"] for c in children})
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     assert all(c.info.status == "FINISHED" for c in children)
     by_n: dict[str, int] = {}

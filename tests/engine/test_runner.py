@@ -29,10 +29,6 @@ from typing import Any
 import pytest
 
 from specflow.config.compose import load_plan
-from specflow.core.compile import EngineConfig
-from specflow.core.memory import headroom
-from specflow.core.records import Measurement
-from specflow.core.schema import EndpointBackend, LocalBackend
 from specflow.engine import metrics
 from specflow.engine.launcher import vllm_command
 from specflow.engine.loadgen import bench_env, driver_python
@@ -55,6 +51,10 @@ from specflow.engine.server import (
     served_model_name,
     tokenizer_of,
 )
+from specflow.records.measurement import Measurement
+from specflow.spec.compile import EngineConfig
+from specflow.spec.memory import headroom
+from specflow.spec.schema import EndpointBackend, LocalBackend
 
 N = 3
 PROMPTS = 8
@@ -138,7 +138,7 @@ def test_windows_and_bench_arguments(tmp_path: Path) -> None:
     datasets = {name: tmp_path / f"{name}.jsonl" for name in spec.workload}
     windows = plan_windows(spec.workload, datasets, spec.sweep.concurrency, spec.sweep.repeats,
                            spec.sweep.warmup_requests)
-    assert len(windows) * len(plan.engine_configs) == plan.num_points
+    assert len(windows) * len(plan.engine_configs) == plan.num_windows
     assert [w.repeat for w in windows] == sorted(w.repeat for w in windows)
     ec = plan.engine_configs[0]
     assert served_model_name(ec) == "tiny" and tokenizer_of(ec) == f"{tmp_path}/target"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specflow.core.schema import LocalBackend
 from specflow.engine.server import EngineStartError, LocalEngine
+from specflow.spec.schema import LocalBackend
 from tests.builders import BASELINE
 
 KEY = "sk-local-0123456789"

@@ -1,5 +1,5 @@
 """Live servers and processes for the pipeline tests: free loopback ports, a `prefect server`,
-readiness waits, process-group stops, the ledger's point files as they are on disk."""
+readiness waits, process-group stops, the ledger's window files as they are on disk."""
 
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
             # run 1 finished every window during the outage: one of those is lost, so that the
             # next run has a window to measure (and to show in its flow-run log)
             name = next(k for k in points if k not in before)
-            (sweep_dir / "points" / name).unlink()
+            (sweep_dir / "windows" / name).unlink()
             missing = {points.pop(name)["key"]["engine_hash"]}
         starts = len(ledger.events("engine_start"))
 

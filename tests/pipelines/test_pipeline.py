@@ -90,7 +90,7 @@ def _all_runs(tmp: Path, uri: str | None = None) -> list:
 def _runs(tmp: Path) -> tuple[object, list]:
     runs = _all_runs(tmp)
     parents = [r for r in runs if r.data.tags.get("specflow.kind") == "sweep"]
-    children = [r for r in runs if r.data.tags.get("specflow.kind") == "point"]
+    children = [r for r in runs if r.data.tags.get("specflow.kind") == "window"]
     assert len(parents) == 1
     return parents[0], children
 
@@ -232,8 +232,8 @@ def _full_artifact_disk_fails_the_window_only(tmp: Path, args: list[str], models
         pytest.skip("no unprivileged mount namespaces (unshare -rm) on this machine")
     ledger = _ledger(tmp)
     (closing,) = [e.measurement.key.id for e in ledger.entries() if e.measurement.key.repeat == 2]
-    points = {p.name: p.read_bytes() for p in (ledger.dir / "points").iterdir()}
-    (ledger.dir / "points" / (closing.replace("/", "__") + ".json")).unlink()  # still to measure
+    points = {p.name: p.read_bytes() for p in (ledger.dir / "windows").iterdir()}
+    (ledger.dir / "windows" / (closing.replace("/", "__") + ".json")).unlink()  # still to measure
     (champion,) = (tmp / "promoted").glob("*/champion.json")
     before = json.loads(champion.read_bytes())
 
@@ -247,7 +247,7 @@ def _full_artifact_disk_fails_the_window_only(tmp: Path, args: list[str], models
     assert (failed.status, failed.failure) == ("failed", "write_failed"), failed.failure_detail
     assert "No space left on device" in failed.failure_detail
     assert "1 missing" in proc.stdout or "missing 1" in proc.stdout, proc.stdout[-2000:]
-    after = {p.name: p.read_bytes() for p in (ledger.dir / "points").iterdir()}
+    after = {p.name: p.read_bytes() for p in (ledger.dir / "windows").iterdir()}
     assert {k: v for k, v in after.items() if k in points and not k.startswith(
         closing.replace("/", "__"))} == {k: v for k, v in points.items()
                                          if not k.startswith(closing.replace("/", "__"))}
@@ -385,13 +385,13 @@ def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(tmp_path: 
         runs = _all_runs(tmp_path, server.uri)
     finally:
         server.kill()
-    children = [r for r in runs if r.data.tags.get("specflow.kind") == "point"]
+    children = [r for r in runs if r.data.tags.get("specflow.kind") == "window"]
     parents = [r for r in runs if r.data.tags.get("specflow.kind") == "sweep"]
     assert len(parents) == 1 and len(children) == 4  # none duplicated by the resume
-    assert sorted(c.data.tags["specflow.point_id"] for c in children) == sorted(
+    assert sorted(c.data.tags["specflow.window_id"] for c in children) == sorted(
         e.measurement.key.id for e in done)
     assert {r.info.status for r in runs} == {"FINISHED"}, "no run left RUNNING"
-    by_id = {c.data.tags["specflow.point_id"]: c for c in children}
+    by_id = {c.data.tags["specflow.window_id"]: c for c in children}
     for e in kept:  # what run 1 measured reached MLflow unchanged
         assert by_id[e.measurement.key.id].data.metrics["output_throughput"] == \
             e.measurement.output_throughput

@@ -187,8 +187,8 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         client = MlflowClient(mlflow_server.uri)
         (exp,) = [e for e in client.search_experiments() if e.name.startswith("specflow/")]
         every = client.search_runs([exp.experiment_id], max_results=1000)
-        children = [r for r in every if r.data.tags.get("specflow.kind") == "point"]
-        assert sorted(r.data.tags["specflow.point_id"] for r in children) == expected
+        children = [r for r in every if r.data.tags.get("specflow.kind") == "window"]
+        assert sorted(r.data.tags["specflow.window_id"] for r in children) == expected
         assert {r.info.status for r in every} == {"FINISHED"}, [
             (r.info.run_name, r.info.status) for r in every]
         for r in children:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from specflow.core.analysis import analyze, decision_rows
-from specflow.core.schema import PromoteSpec
+from specflow.decision.choose import analyze, decision_rows
 from specflow.results.console import NARROW, decision_lines, print_outcome
+from specflow.spec.schema import PromoteSpec
 from tests.builders import Cand, engine, sweep
 
 LONG = ("chat: the emitted schedule [[1, 3, 4], [4, 4, 0]] is not promoted: it was not measured "
@@ -27,7 +27,7 @@ def _summary() -> dict:
                            rng=np.random.default_rng(0))
     result = analyze(records, PromoteSpec(), closing_baseline=close)
     table = [row for r in result.classes for row in decision_rows(r)]
-    return {"table": table, "problems": [LONG], "ok": 30, "points": 30, "missing": [],
+    return {"table": table, "problems": [LONG], "ok": 30, "windows": 30, "missing": [],
             "promotions": [], "report": PATH, "tracking_uri": "sqlite:///m.db",
             "tracking_error": None, "experiment": "e", "parent_run_id": "abc",
             "run_link": "mlflow ui --backend-store-uri sqlite:///m.db, then open "

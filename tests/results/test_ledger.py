@@ -1,4 +1,4 @@
-"""The sweep ledger on real files: resume sets, and bad point files moved aside, never fatal."""
+"""The sweep ledger on real files: resume sets, and bad window files moved aside, never fatal."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.builders import BASELINE, window
 
 GOOD = window(BASELINE, 100.0, c=1)
 BAD = window(BASELINE, 100.0, c=4)
-"""The window whose point file gets damaged."""
+"""The window whose window file gets damaged."""
 
 DAMAGE = {
     "truncated": b'{"measurement": {"key": {"engine_hash": "ab',
@@ -22,7 +22,7 @@ DAMAGE = {
     "a list": b"[1, 2, 3]\n",
     "no measurement": b'{"run_id": null, "logged": false}\n',
     "measurement of the wrong shape": b'{"measurement": {"key": {"x": 1}}, "logged": false}\n',
-    "another point's record": json.dumps(
+    "another window's record": json.dumps(
         {"measurement": GOOD.to_json(), "run_id": None, "logged": False}).encode(),
     "logged of the wrong type": json.dumps(
         {"measurement": BAD.to_json(), "run_id": None, "logged": "yes"}).encode(),
@@ -36,7 +36,7 @@ def _ledger(tmp_path: Path) -> Ledger:
     return ledger
 
 
-def test_points_round_trip_through_their_files(tmp_path: Path) -> None:
+def test_windows_round_trip_through_their_files(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     failed = window(BASELINE, 0.0, c=8, failure="oom")
     ledger.record(failed)
@@ -50,7 +50,7 @@ def test_points_round_trip_through_their_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_bad_point_file_is_quarantined_and_measured_again(
+def test_a_bad_window_file_is_quarantined_and_measured_again(
         tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
     ledger = _ledger(tmp_path)
     bad_file = ledger._path(BAD.key.id)
@@ -59,13 +59,13 @@ def test_a_bad_point_file_is_quarantined_and_measured_again(
     with caplog.at_level(logging.WARNING, logger="specflow.results.ledger"):
         assert ledger.finished() == {GOOD.key.id}  # the bad window counts as missing
     assert not bad_file.exists()
-    (moved,) = (ledger.points / "quarantine").iterdir()
+    (moved,) = (ledger.windows / "quarantine").iterdir()
     assert moved.name.startswith(bad_file.name + ".")
     assert moved.read_bytes() == DAMAGE[damage]  # kept as it was, for a post-mortem
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert str(bad_file) in caplog.text and str(moved) in caplog.text
 
-    # every reader copes, and a re-run's record() repairs the point
+    # every reader copes, and a re-run's record() repairs the window
     assert [e.measurement for e in ledger.entries()] == [GOOD]
     assert [e.measurement for e in ledger.unlogged()] == [GOOD]  # logged: never marked
     assert ledger.get(BAD.key.id) is None
@@ -80,7 +80,7 @@ def test_record_repairs_a_bad_file_it_meets_first(tmp_path: Path) -> None:
     ledger.record(BAD, run_id="run-bad")
     entry = ledger.get(BAD.key.id)
     assert entry is not None and entry.measurement == BAD and entry.run_id == "run-bad"
-    assert len(list((ledger.points / "quarantine").iterdir())) == 1
+    assert len(list((ledger.windows / "quarantine").iterdir())) == 1
 
 
 def test_a_torn_event_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specflow.core.analysis import analyze
-from specflow.core.schema import PromoteSpec, SloSpec
+from specflow.decision.choose import analyze
 from specflow.results.report import write_report
+from specflow.spec.schema import PromoteSpec, SloSpec
 from tests.builders import BASELINE, Cand, engine, sweep, window
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -62,7 +62,7 @@ def test_report_and_plots_from_hand_built_records(tmp_path: Path) -> None:
 
 
 def test_predicted_vs_measured_section_plot_and_metrics(tmp_path: Path) -> None:
-    from specflow.core import predict
+    from specflow.search import predict
 
     e3n2, e3n3 = engine("eagle3-n2", "eagle3", 2), engine("eagle3-n3", "eagle3", 3)
     rng = np.random.default_rng(1)

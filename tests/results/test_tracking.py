@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specflow.results.tracking import POINT_TAG, Tracker
+from specflow.results.tracking import WINDOW_TAG, Tracker
 from tests.builders import engine, window
 
 NGRAM = engine("ngram-n2", "ngram", 2)
@@ -32,18 +32,18 @@ def test_a_run_left_running_by_a_killed_logger_is_completed_without_duplicates(
     metric keeps one value per step, the params are not logged again."""
     parent = tracker.client.create_run(tracker.experiment_id()).info.run_id
     m = window(NGRAM, 120.0, ppa=(0.8, 0.5))
-    first = tracker.log_point(parent, m, NGRAM)
+    first = tracker.log_window(parent, m, NGRAM)
     once = _history(tracker, first)
     assert once["output_throughput"] == [(0, 120.0)]
     assert once["acceptance_per_position"] == [(0, 0.8), (1, 0.5)]
     tracker.client.update_run(first, status="RUNNING")  # what the kill leaves
 
-    again = tracker.log_point(parent, m, NGRAM)
+    again = tracker.log_window(parent, m, NGRAM)
     assert again == first
     assert _history(tracker, again) == once
     run = tracker.client.get_run(again)
-    assert run.info.status == "FINISHED" and run.data.tags[POINT_TAG] == m.key.id
-    assert tracker.log_point(parent, m, NGRAM) == first  # finished: nothing more is logged
+    assert run.info.status == "FINISHED" and run.data.tags[WINDOW_TAG] == m.key.id
+    assert tracker.log_window(parent, m, NGRAM) == first  # finished: nothing more is logged
     assert _history(tracker, first) == once
 
 
@@ -52,9 +52,9 @@ def test_a_run_killed_before_its_first_metric_is_completed_whole(tracker: Tracke
     parent = tracker.client.create_run(tracker.experiment_id()).info.run_id
     m = window(NGRAM, 80.0, ppa=(0.7, 0.4))
     bare = tracker.client.create_run(tracker.experiment_id(), tags={
-        "mlflow.parentRunId": parent, POINT_TAG: m.key.id}).info.run_id
+        "mlflow.parentRunId": parent, WINDOW_TAG: m.key.id}).info.run_id
 
-    assert tracker.log_point(parent, m, NGRAM) == bare
+    assert tracker.log_window(parent, m, NGRAM) == bare
     run = tracker.client.get_run(bare)
     assert run.info.status == "FINISHED"
     assert run.data.params["method"] == "ngram" and run.data.params["num_speculative_tokens"] == "2"

@@ -75,8 +75,8 @@ def test_the_round_planner_gets_each_engines_kv_capacity_from_headroom(tmp_path:
     """The adaptive search caps a prediction where the candidate's KV cache holds fewer
     requests than the level: the shape it plans with carries headroom's maximum concurrency."""
     from specflow.config.compose import load_plan
-    from specflow.core.memory import headroom
     from specflow.results.ledger import Ledger
+    from specflow.spec.memory import headroom
     from specflow.steps.context import Context
 
     loaded, plan = load_plan(["experiment=cpu_demo",
@@ -94,9 +94,9 @@ def test_the_round_planner_gets_each_engines_kv_capacity_from_headroom(tmp_path:
 def _context(tmp_path: Path, *overrides: str):  # noqa: ANN202 - a Context
     """A sweep's context without vLLM: composed plan, headroom, windows over a named dataset."""
     from specflow.config.compose import load_plan
-    from specflow.core.memory import headroom
     from specflow.engine.runner import plan_windows
     from specflow.results.ledger import Ledger
+    from specflow.spec.memory import headroom
     from specflow.steps.context import Context
 
     loaded, plan = load_plan(["experiment=cpu_demo", "workload=[chat]", *overrides])

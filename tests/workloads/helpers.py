@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from specflow.config.compose import conf_dir, load, options
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads import MIN_PROMPTS
 
 CONF = conf_dir()

@@ -79,7 +79,7 @@ def test_generators_are_deterministic_and_distinct(seed: int, generator: str) ->
 def test_generators_registry_matches_schema() -> None:
     from typing import get_args
 
-    from specflow.core.schema import Generator
+    from specflow.spec.schema import Generator
 
     assert set(GENERATORS) == set(get_args(Generator))
 

@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from specflow.config.compose import load
-from specflow.core.errors import SpecError
-from specflow.core.schema import WorkloadSpec
 from specflow.engine.runner import bench_argv, plan_windows
+from specflow.spec.errors import SpecError
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads import (
     MIN_PROMPTS,
     PROMPTS_PER_CONCURRENCY,

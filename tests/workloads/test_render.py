@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specflow.core.errors import SpecError
+from specflow.spec.errors import SpecError
 from specflow.workloads import examples, materialize
 
 from .helpers import generated, prompt_rows, spec_of

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specflow.core.errors import SpecError
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.errors import SpecError
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads import examples, materialize
 from specflow.workloads.hfdata import split_of
 

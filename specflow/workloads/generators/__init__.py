@@ -24,4 +24,4 @@ GENERATORS: dict[str, Generate] = {
     "chat": chat.generate,
     "random": random_tokens.generate,
 }
-"""`source.generator` name -> generator (the names of `specflow.core.schema.Generator`)."""
+"""`source.generator` name -> generator (the names of `specflow.spec.schema.Generator`)."""

@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads.generators.common import read_data, vocabulary
 from specflow.workloads.model import Example
 

@@ -11,8 +11,8 @@ import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specflow.core.errors import Problem
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.errors import Problem
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads.model import Example, Fail
 from specflow.workloads.tokens import token_length
 

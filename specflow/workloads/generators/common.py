@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads.model import Example
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ import random
 import string
 from typing import TYPE_CHECKING
 
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads.model import Example
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads.generators.common import (
     date,
     person,

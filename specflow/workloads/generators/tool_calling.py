@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specflow.core.schema import WorkloadSpec
+from specflow.spec.schema import WorkloadSpec
 from specflow.workloads.generators.common import (
     date,
     person,

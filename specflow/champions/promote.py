@@ -1,0 +1,408 @@
+"""Promotion: per traffic class, the deployable decision as files, written so a crash cannot
+leave half a champion, with every champion kept and restorable.
+
+Layout under `PromoteSpec.output_dir`:
+    <class>/champion.json             the current champion (a copy of one history entry)
+    <class>/history/<version>.json    every champion ever promoted, never rewritten
+    <class>/refused/<version>.json    promotions the regression gate refused, for the record
+A version is `<UTC time>-<content hash>`, so names sort by time. Every file is written to a
+temporary file in the same directory, fsynced, then `os.replace`d into place; promotions of one
+class are serialised by an advisory lock that dies with its holder. Class and version names
+become path components only when they are plain names (`is_plain_name`), whether they come from
+the command line or from a file; a champion file that cannot be read does not stop
+`restore(cls, version)`, the command that repairs it.
+
+Regression gate: a new champion replaces the old one unless, in some band both decided, the new
+one is confidently worse than what the old one was promoted for (new speedup upper bound <
+old speedup estimate x (1 - tie_tolerance)) while the new sweep did not re-measure the old
+champion's engine there; when it did, the same-sweep comparison (already made by the analysis)
+stands. Per-position acceptance drops against the old champion's drafter are flagged, not refused.
+(Refusing whenever the new lower bound falls below the old estimate would refuse re-validating
+the very same config almost every time: a lower bound sits below its own estimate.)
+
+Side effects beyond files (MLflow registration) are the caller's, through `on_promoted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from specflow.decision.choose import decision_rows
+from specflow.decision.model import Analysis, ClassResult, to_json
+from specflow.records.fsio import BeforeReplace, atomic_write_json
+from specflow.spec.compile import EngineConfig
+from specflow.spec.schema import PromoteSpec
+
+log = logging.getLogger("specflow.champions.promote")
+
+_SAFE = re.compile(r"[A-Za-z0-9_.-]+")
+PLAIN = "letters, digits, '_', '-' and '.' (not '.' or '..')"
+"""What `is_plain_name` accepts, for messages."""
+SCHEMA_VERSION = 1
+"""Version of the champion file format."""
+CHAMPION = "champion.json"
+
+
+class PromotionError(RuntimeError):
+    """A promotion or restore that cannot be carried out (the message says why)."""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """What the regression gate found against the previous champion."""
+
+    passed: bool
+    regressions: tuple[str, ...] = ()
+    """Bands where the new champion is confidently worse (refuses the promotion)."""
+    excused: tuple[str, ...] = ()
+    """Bands where it is worse but the old champion was re-measured and no longer holds."""
+    acceptance_drops: tuple[str, ...] = ()
+    """Per-position acceptance drops beyond `acceptance_drop` (flagged only)."""
+    notes: tuple[str, ...] = ()
+    """What could not be compared (bands only one of them decided, an older file format)."""
+    forced: bool = False
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """The outcome of `promote_class` or `restore`."""
+
+    traffic_class: str
+    status: Literal["promoted", "refused", "restored", "unchanged", "unresolved"]
+    """`unresolved`: some band of the class is undecided; the champion is left as it was."""
+    version: str
+    path: Path
+    """The champion file, or the refused record."""
+    previous: str | None
+    """Version of the champion this one replaced (None if there was none)."""
+    gate: GateResult
+    record: dict[str, Any] = field(repr=False)
+
+
+Hook = Callable[[Promotion], None]
+"""Called after the files are in place (e.g. to register the champion in MLflow)."""
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
+        raise PromotionError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise PromotionError(f"cannot read {path}: not a JSON object")
+    return data
+
+
+def is_plain_name(name: object) -> bool:
+    """Whether a value may become one path component (a class or version name)."""
+    return isinstance(name, str) and bool(_SAFE.fullmatch(name)) and name not in {".", ".."}
+
+
+def class_dir(output_dir: str | Path, traffic_class: str) -> Path:
+    """Where one class's champion lives (the class name must be a plain path component)."""
+    if not is_plain_name(traffic_class):
+        raise PromotionError(f"traffic class {traffic_class!r} is not a plain name; "
+                             f"expected {PLAIN}")
+    return Path(output_dir) / traffic_class
+
+
+def _history_path(cdir: Path, version: object) -> Path:
+    """`history/<version>.json` of a class: for a plain version name, and only inside history/."""
+    if not is_plain_name(version):
+        raise PromotionError(f"version {version!r} is not a plain version name; "
+                             f"expected {PLAIN}")
+    hist = cdir / "history"
+    path = hist / f"{version}.json"
+    if not path.resolve().is_relative_to(hist.resolve()):
+        raise PromotionError(f"history entry {path} leads outside {hist}")
+    return path
+
+
+def champion(output_dir: str | Path, traffic_class: str) -> dict[str, Any] | None:
+    """The current champion record of a class, or None."""
+    path = class_dir(output_dir, traffic_class) / CHAMPION
+    return _read(path) if path.is_file() else None
+
+
+def history(output_dir: str | Path, traffic_class: str) -> list[str]:
+    """Versions ever promoted for a class, oldest first."""
+    d = class_dir(output_dir, traffic_class) / "history"
+    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def _heal_history(cdir: Path) -> None:
+    """Copy the champion into history/ when a writer was killed between the two; a champion
+    that is unreadable or names no plain version is reported and left alone."""
+    try:
+        record = _read(cdir / CHAMPION)
+        entry = _history_path(cdir, record.get("version"))
+    except PromotionError as exc:
+        log.warning("%s not repaired: %s", cdir / CHAMPION, exc)
+        return
+    if not entry.is_file():
+        atomic_write_json(entry, record)
+
+
+@contextlib.contextmanager
+def _locked(cdir: Path) -> Iterator[None]:
+    """Serialise writers of one class; heal what a killed writer may have left."""
+    cdir.mkdir(parents=True, exist_ok=True)
+    with open(cdir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in cdir.rglob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+        if (cdir / CHAMPION).is_file():
+            _heal_history(cdir)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+
+
+def _speculative_argv(argv: Sequence[str], cfg: dict[str, Any]) -> list[str]:
+    """argv with its --speculative-config replaced (or added), encoded as compile encodes it."""
+    blob = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+    out = list(argv)
+    if "--speculative-config" in out:
+        out[out.index("--speculative-config") + 1] = blob
+    else:
+        out += ["--speculative-config", blob]
+    return out
+
+
+def build_record(result: ClassResult, engines: Mapping[str, EngineConfig],
+                 promote: PromoteSpec) -> dict[str, Any]:
+    """The deployable champion of one class with its evidence (pure; no version yet)."""
+    dep = result.deployment
+    engine = engines.get(dep.engine_hash)
+    if engine is None:
+        raise PromotionError(f"engine config {dep.engine_hash} ({dep.engine}) is not in the "
+                             "plan passed to promote; pass the plan's engine configs by hash")
+    spec_cfg = dict(engine.speculative_config) if engine.speculative_config else None
+    argv = list(engine.serve_argv)
+    if spec_cfg is not None and dep.schedule is not None:
+        spec_cfg["num_speculative_tokens"] = dep.num_speculative_tokens
+        spec_cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in dep.schedule]
+        argv = _speculative_argv(argv, spec_cfg)
+    bands = []
+    for d in result.decisions:
+        w = d.winner
+        s = w.worst.speedup if w is not None and w.worst is not None else None
+        bands.append({
+            "band": d.band.label, "lo": d.band.lo, "hi": d.band.hi, "outcome": d.outcome,
+            "engine_hash": w.engine_hash if w else None, "engine": w.engine if w else None,
+            "drafter": w.drafter if w else None, "method": w.method if w else None,
+            "num_speculative_tokens": w.num_speculative_tokens if w else 0,
+            "speedup": {"estimate": s.value, "lo": s.lo, "hi": s.hi,
+                        "confidence": s.confidence} if s else
+            {"estimate": 1.0, "lo": 1.0, "hi": 1.0, "confidence": promote.confidence},
+            "per_position_acceptance": list(w.per_position_acceptance) if w else [],
+            "reasons": list(d.reasons), "notes": list(d.notes),
+        })
+    return {
+        "schema": SCHEMA_VERSION,
+        "traffic_class": result.traffic_class,
+        "outcome": dep.outcome,
+        "engine": {"name": engine.name, "hash": engine.hash, "drafter": engine.drafter,
+                   "method": engine.method,
+                   "num_speculative_tokens": engine.num_speculative_tokens},
+        "speculative_config": spec_cfg,
+        "serve_argv": argv,
+        "num_speculative_tokens_per_batch_size": (
+            [list(r) for r in dep.schedule] if dep.schedule else None),
+        "bands": bands,
+        "evidence": {
+            "decision_table": decision_rows(result),
+            "decisions": to_json(result.decisions),
+            "drift": to_json(result.drift),
+            "deployment": to_json(dep),
+            "notes": list(result.notes),
+        },
+        "settings": promote.model_dump(mode="json"),
+    }
+
+
+def _measured(record: dict[str, Any], band: str, engine_hash: str) -> dict[str, Any] | None:
+    """The verdict a record's sweep gave `engine_hash` in `band`, if it measured it there."""
+    for d in record["evidence"]["decisions"]:
+        if d["band"]["label"] == band:
+            for v in d["candidates"]:
+                if v["engine_hash"] == engine_hash:
+                    return v
+    return None
+
+
+def regression_gate(new: dict[str, Any], old: dict[str, Any] | None,
+                    promote: PromoteSpec) -> GateResult:
+    """Compare a new champion record with the current one (see the module docstring)."""
+    if old is None:
+        return GateResult(True)
+    if old.get("schema") != SCHEMA_VERSION:
+        return GateResult(True, notes=(f"the previous champion's file format {old.get('schema')} "
+                                       f"is not {SCHEMA_VERSION}; not compared",))
+    regressions, excused, drops = [], [], []
+    old_bands = {b["band"]: b for b in old["bands"]}
+    new_bands = {b["band"] for b in new["bands"]}
+    notes = [f"band {b} was decided only by the {which} champion; not compared"
+             for which, only in (("previous", set(old_bands) - new_bands),
+                                 ("new", new_bands - set(old_bands))) for b in sorted(only)]
+    for nb in new["bands"]:
+        ob = old_bands.get(nb["band"])
+        if ob is None:
+            continue
+        label = nb["band"]
+        claim = ob["speedup"]["estimate"]
+        floor = claim * (1 - promote.tie_tolerance)
+        remeasured = _measured(new, label, ob["engine_hash"]) if ob["engine_hash"] else None
+        if nb["speedup"]["hi"] < floor:
+            what = (f"band {label}: new {nb['engine'] or 'off'} reaches at most "
+                    f"{nb['speedup']['hi']:.3f}x, below the {claim:.3f}x the champion "
+                    f"{ob['engine']} was promoted for")
+            if remeasured is None:
+                regressions.append(f"{what}, and this sweep did not re-measure {ob['engine']}; "
+                                   "include it in the sweep or promote with force")
+            else:
+                now = remeasured["worst"]["speedup"]["value"] if remeasured["worst"] else None
+                state = f"{now:.3f}x" if now is not None else "unmeasurable"
+                excused.append(f"{what}; re-measured here, {ob['engine']} now gives {state}"
+                               + (f" and is rejected ({remeasured['rejected'][0]['gate']})"
+                                  if remeasured["rejected"] else ""))
+        old_curve = ob["per_position_acceptance"]
+        if not old_curve:
+            continue
+        new_curve = (remeasured or {}).get("per_position_acceptance") or (
+            nb["per_position_acceptance"] if nb["drafter"] == ob["drafter"] else [])
+        for i, (a, b) in enumerate(zip(old_curve, new_curve, strict=False)):
+            if a - b > promote.acceptance_drop:
+                drops.append(f"band {label}: {ob['drafter']} acceptance at position {i + 1} fell "
+                             f"{a:.3f} -> {b:.3f} (> {promote.acceptance_drop:.3f})")
+    return GateResult(not regressions, tuple(regressions), tuple(excused), tuple(drops),
+                      tuple(notes))
+
+
+def _version(record: dict[str, Any], now: dt.datetime) -> str:
+    blob = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{now:%Y%m%dT%H%M%S%fZ}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+# --------------------------------------------------------------------------------------------
+# Promote and restore
+
+
+def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
+                  promote: PromoteSpec, *, output_dir: str | Path | None = None,
+                  force: bool = False, on_promoted: Hook | None = None,
+                  before_replace: BeforeReplace | None = None,
+                  now: dt.datetime | None = None) -> Promotion:
+    """Make one class's decision its champion, unless the regression gate refuses it.
+
+    `engines`: the plan's EngineConfigs by hash (the deployable argv and speculative config come
+    from them). `force` overrides the gate (recorded). `on_promoted` runs after the champion is
+    in place; if it raises, the files stay promoted and the error propagates."""
+    cdir = class_dir(output_dir if output_dir is not None else promote.output_dir,
+                     result.traffic_class)
+    now = now or dt.datetime.now(dt.UTC)
+    record = build_record(result, engines, promote)
+    with _locked(cdir):
+        old = champion(cdir.parent, result.traffic_class)
+        if any(d.outcome == "unresolved" for d in result.decisions) and not force:
+            # Never promote on an undecided band, not even "off": the champion stays.
+            version = _version(record, now)
+            record.update(version=version, created_at=now.isoformat(),
+                          previous=old["version"] if old else None)
+            path = cdir / "unresolved" / f"{version}.json"
+            atomic_write_json(path, record, before_replace)
+            return Promotion(result.traffic_class, "unresolved", version, path,
+                             record["previous"], GateResult(True), record)
+        if old is not None and not force and \
+                _version(record, now).split("-", 1)[1] == old["version"].split("-", 1)[1]:
+            # the same evidence again (a resumed or re-validated sweep with nothing new)
+            return Promotion(result.traffic_class, "unchanged", old["version"], cdir / CHAMPION,
+                             old.get("previous"), GateResult(True), old)
+        gate = regression_gate(record, old, promote)
+        if force and not gate.passed:
+            gate = dataclasses.replace(gate, passed=True, forced=True)
+        version = _version(record, now)
+        record.update(version=version, created_at=now.isoformat(),
+                      previous=old["version"] if old else None,
+                      gate=to_json(gate))
+        if not gate.passed:
+            path = cdir / "refused" / f"{version}.json"
+            atomic_write_json(path, record, before_replace)
+            return Promotion(result.traffic_class, "refused", version, path, record["previous"],
+                             gate, record)
+        path = cdir / CHAMPION
+        atomic_write_json(path, record, before_replace)
+        atomic_write_json(cdir / "history" / f"{version}.json", record, before_replace)
+    promotion = Promotion(result.traffic_class, "promoted", version, path, record["previous"],
+                          gate, record)
+    if on_promoted is not None:
+        on_promoted(promotion)
+    return promotion
+
+
+def promote_all(analysis: Analysis, engines: Mapping[str, EngineConfig], promote: PromoteSpec,
+                **kwargs: Any) -> list[Promotion]:
+    """`promote_class` for every decided traffic class."""
+    return [promote_class(r, engines, promote, **kwargs) for r in analysis.classes]
+
+
+def restore(output_dir: str | Path, traffic_class: str, version: str | None = None, *,
+            on_restored: Hook | None = None) -> Promotion:
+    """Make an earlier champion current again: `version`, or by default the one the current
+    champion replaced (so repeated calls walk back through history)."""
+    cdir = class_dir(output_dir, traffic_class)
+    if not cdir.is_dir():
+        raise PromotionError(f"nothing was ever promoted for traffic class {traffic_class!r} "
+                             f"under {output_dir}")
+    with _locked(cdir):
+        try:
+            current, unreadable = champion(output_dir, traffic_class), None
+        except PromotionError as exc:  # restoring a named version repairs it
+            current, unreadable = None, exc
+        if version is None:
+            version = _previous(output_dir, traffic_class, current, unreadable)
+        path = _history_path(cdir, version)
+        if not path.is_file():
+            raise PromotionError(f"traffic class {traffic_class!r} has no version {version!r}; "
+                                 f"known: {history(output_dir, traffic_class)}")
+        record = _read(path)
+        atomic_write_json(cdir / CHAMPION, record)
+    was = current.get("version") if current else None
+    restored = Promotion(traffic_class, "restored", version, cdir / CHAMPION,
+                         was if is_plain_name(was) else None, GateResult(True), record)
+    if on_restored is not None:
+        on_restored(restored)
+    return restored
+
+
+def _previous(output_dir: str | Path, traffic_class: str, current: dict[str, Any] | None,
+              unreadable: PromotionError | None) -> str:
+    """The version the current champion replaced (restore's default), checked."""
+    name_one = (f"name the version to restore: restore {traffic_class} VERSION; known: "
+                f"{history(output_dir, traffic_class)}")
+    if unreadable is not None:
+        raise PromotionError(f"the current champion of traffic class {traffic_class!r} is "
+                             f"unreadable ({unreadable}); {name_one}")
+    previous = current.get("previous") if current else None
+    if previous is None:
+        raise PromotionError(f"traffic class {traffic_class!r} has no previous champion "
+                             "to restore")
+    if not is_plain_name(previous):
+        raise PromotionError(f"the current champion of traffic class {traffic_class!r} names "
+                             f"previous version {previous!r}, which is not a plain version "
+                             f"name; {name_one}")
+    return str(previous)

@@ -1,0 +1,102 @@
+"""Windows -> per-point statistics: usable windows grouped per engine start, medians, MAD and
+the geometric mean with its interval."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from specflow.decision.model import Estimate, PointStats
+from specflow.records.measurement import Measurement
+from specflow.spec.schema import PromoteSpec
+from specflow.stats.critical import t_value, z_value
+from specflow.stats.intervals import bootstrap_means, seeded_rng, widened_percentile
+from specflow.stats.replicates import StartWindows, starts_by_point
+
+
+def geometric_mean_ci(values: Sequence[float], promote: PromoteSpec, *key: object
+                      ) -> Estimate | None:
+    """Geometric mean of positive values with a t-calibrated bootstrap CI (None below 2 values)."""
+    x = np.log(np.asarray(values, dtype=float))
+    n = x.size
+    if n < 2:
+        return None
+    theta = float(x.mean())
+    if np.ptp(x) == 0:
+        return Estimate(math.exp(theta), math.exp(theta), math.exp(theta), promote.confidence)
+    boot = bootstrap_means(x, promote.bootstrap_samples, seeded_rng(promote.seed, "tput", *key))
+    # The bootstrap variance of a mean is (n-1)/n of the usual estimate; t replaces z.
+    k = t_value(promote.confidence, n - 1) / z_value(promote.confidence) * math.sqrt(n / (n - 1))
+    lo, hi = widened_percentile(theta, boot, promote.confidence, k)
+    return Estimate(math.exp(theta), math.exp(lo), math.exp(hi), promote.confidence)
+
+
+def _exclusion(m: Measurement) -> str | None:
+    """Why a window is unusable, or None."""
+    if not m.ok:
+        return m.failure or "failed"
+    if m.failed:
+        return "failed_requests"
+    if not (math.isfinite(m.output_throughput) and m.output_throughput > 0):
+        return "no_throughput"
+    return None
+
+
+def usable_starts(measurements: Iterable[Measurement]
+                  ) -> dict[tuple[str, int], list[StartWindows]]:
+    """The usable windows (see `_exclusion`) as engine-start blocks per (workload, concurrency):
+    what every speedup, noise estimate and drift check reads."""
+    return starts_by_point(
+        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
+         m.stage, m.output_throughput) for m in measurements if _exclusion(m) is None)
+
+
+def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: str = "open"
+              ) -> list[PointStats]:
+    """Group windows by engine x workload x concurrency; summarise usable ones, count the rest."""
+    groups: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
+    for m in measurements:
+        groups[(m.key.engine_hash, m.key.workload, m.key.concurrency)].append(m)
+    out = []
+    for (engine_hash, workload, concurrency), ms in sorted(groups.items()):
+        ms.sort(key=lambda m: m.key.repeat)
+        usable = [m for m in ms if _exclusion(m) is None]
+        failures = Counter(r for m in ms if (r := _exclusion(m)) is not None)
+        values = tuple(m.output_throughput for m in usable)
+        arr = np.asarray(values, dtype=float)
+        median = float(np.median(arr)) if values else None
+        mad = float(np.median(np.abs(arr - median))) if values else None
+        latency: dict[str, float] = {}
+        if usable:
+            keys = set.intersection(*(set(m.latency_ms) for m in usable))
+            latency = {k: max(m.latency_ms[k] for m in usable) for k in sorted(keys)}
+        rates = [m.acceptance_rate for m in usable if m.acceptance_rate is not None]
+        mals = [m.mean_acceptance_length for m in usable if m.mean_acceptance_length is not None]
+        first = ms[0]
+        out.append(PointStats(
+            engine_hash=engine_hash, engine=first.engine, drafter=first.drafter,
+            method=first.method, num_speculative_tokens=first.num_speculative_tokens,
+            traffic_class=first.traffic_class, workload=workload, concurrency=concurrency,
+            values=values, failures=dict(sorted(failures.items())), median=median, mad=mad,
+            throughput=geometric_mean_ci(values, promote, role, engine_hash, workload,
+                                         concurrency),
+            latency_worst=latency,
+            acceptance_rate=float(np.median(rates)) if rates else None,
+            mean_acceptance_length=float(np.median(mals)) if mals else None,
+            per_position_acceptance=_median_curve(m.per_position_acceptance for m in usable),
+            digests=tuple(m.output_digests for m in usable),
+            prompt_hashes=tuple(m.prompt_hash for m in usable),
+        ))
+    return out
+
+
+def _median_curve(curves: Iterable[Sequence[float]]) -> tuple[float, ...]:
+    """Position-wise median of acceptance curves, over the positions all of them have."""
+    curves = [c for c in curves if c]
+    if not curves:
+        return ()
+    n = min(len(c) for c in curves)
+    return tuple(float(v) for v in np.median(np.asarray([c[:n] for c in curves]), axis=0))

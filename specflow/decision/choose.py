@@ -1,0 +1,668 @@
+"""Deciding: per traffic class and concurrency band, does speculation pay, and with what.
+
+Pure (numpy and scipy only): frozen `Measurement`s in, frozen decisions out, every rejection with
+its reason. The chain is aggregate -> compare with the baseline -> gate -> pick -> schedule.
+
+Statistics, and why:
+- A *point* is one engine config x workload x concurrency. Its OK windows are summarised by the
+  median and MAD (what a human reads) and by the geometric mean with a bootstrap CI (display).
+- Speedup is candidate / baseline at the same workload and concurrency, on log throughput (noise
+  is multiplicative). The replicate unit is the engine start and the baseline is time-local:
+  `contrast` compares each candidate start with the baseline interpolated in run order
+  between the baseline starts around it, with a t interval whose variance counts starts (see
+  `racing`). Without replicated starts (one start per config) the interval is Welch's over the
+  configs' windows, and the class notes say the interval cannot include start-to-start noise.
+- Consecutive baseline starts that differ beyond noise are flagged (`Drift`); racing re-measures
+  what ran between them.
+- A band's speedup is its *worst* point (every workload of the class, every level in the band);
+  its test's p-value is the largest of its points' (intersection-union).
+- Errors per deployment: a grid is Holm-corrected over every class x band x candidate
+  (`family="holm"`); a race judges each band's selected winner on its confirmation starts only
+  (`race=`), the race itself having corrected over the bands it confirmed.
+
+Decision rule: a candidate is eligible in a band when it was not refused by headroom, ran without
+failing at every point, keeps temperature-0 outputs equal to the baseline's (at every concurrency
+level, the share of its (run, request) pairs whose output differs from the baseline's majority
+output may exceed the baseline's own share there by at most `quality.max_mismatch_fraction`, at
+the lower confidence bound of Newcombe's interval for the difference, so more repeats alone
+never make rejection likelier), meets every latency SLO at its worst repeat, and its speedup
+lower bound is >= 1 + margin at every point; among eligible candidates the highest lower bound
+wins, where bounds within `tie_tolerance` are ties that go to the smaller N, then the cheaper
+method (`METHODS[m].cost_rank`). With no eligible candidate, "off" wins.
+
+Calibration: tests/decision/test_analysis.py (hand-built grids, 1,000 seeded trials: an A/A pair is
+promoted < 1% of the time at CV up to 10%; a true 10% gain >= 95% at CV 1.5% with 5 + 5 windows)
+and tests/search/test_racing.py (simulated racing and grid sweeps); bench/decision_quality.py
+measures false promotion, power and cost per deployment. A rejection that is only inconclusive
+says how many engine starts would settle it at the observed noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from specflow.decision.aggregate import _median_curve, aggregate, usable_starts
+from specflow.decision.bands import bands_for, build_schedule
+from specflow.decision.gates import _Reference, _references, quality_check, slo_violations
+from specflow.decision.model import (
+    BASELINE_METHOD,
+    Analysis,
+    AnalysisError,
+    Band,
+    ClassResult,
+    Decision,
+    Deployment,
+    Drift,
+    Estimate,
+    PointSpeedup,
+    PointStats,
+    QualityCheck,
+    Reason,
+    Verdict,
+)
+from specflow.decision.race import BandState
+from specflow.records.measurement import Measurement
+from specflow.spec.methods import METHODS
+from specflow.spec.schema import PromoteSpec
+from specflow.stats.critical import z_value
+from specflow.stats.multiplicity import holm
+from specflow.stats.replicates import (
+    Stage,
+    StartNoise,
+    StartWindows,
+    contrast,
+    drift_steps,
+    filter_stage,
+    start_noise,
+)
+
+
+def _cost(method: str) -> int:
+    info = METHODS.get(method)
+    return info.cost_rank if info is not None else len(METHODS)
+
+
+def _tie_key(v: Verdict) -> tuple[Any, ...]:
+    return (v.num_speculative_tokens, _cost(v.method), -(v.score or 0.0), v.engine, v.engine_hash)
+
+
+def pick(eligible: Sequence[Verdict], tie_tolerance: float) -> tuple[Verdict, list[Verdict]]:
+    """The winner among eligible verdicts, and the others with a note on why they lost."""
+    best = max(v.score or 0.0 for v in eligible)
+    tied = [v for v in eligible if (v.score or 0.0) >= best * (1 - tie_tolerance)]
+    winner = min(tied, key=_tie_key)
+    others = []
+    for v in eligible:
+        if v is winner:
+            continue
+        if any(v is t for t in tied):
+            note = (f"tied with {winner.engine} (lower bounds within {tie_tolerance:.0%}); "
+                    "the smaller N, then the cheaper method is preferred")
+        else:
+            note = f"lower bound {v.score:.3f} < winner's {winner.score:.3f}"
+        others.append(dataclasses.replace(v, status="eligible", note=note))
+    return dataclasses.replace(winner, status="winner"), others
+
+
+@dataclass(frozen=True)
+class _BandInputs:
+    """What every band of one traffic class is decided from."""
+
+    traffic_class: str
+    workloads: tuple[str, ...]
+    candidates: Mapping[str, list[PointStats]]
+    """Candidate points by engine hash."""
+    baseline_points: tuple[PointStats, ...]
+    """The baseline points of the class (every baseline start pooled)."""
+    baseline_hash: str
+    blocks: Mapping[tuple[str, int], list[StartWindows]]
+    """Every engine start's usable windows at (workload, concurrency)."""
+    noise: Mapping[tuple[str, int], StartNoise]
+    refs: Mapping[str, _Reference]
+    missing_refs: Mapping[str, str]
+    """Workloads without a usable baseline reference, with why."""
+    refused: Collection[str]
+    """Engine hashes the headroom check refused."""
+    drift: tuple[Drift, ...]
+    promote: PromoteSpec
+    stage: Stage | None = None
+    """Which engine starts the speedups use (None: all of them)."""
+
+
+def _failed_reasons(pts: Sequence[PointStats]) -> list[Reason]:
+    """Points where every repeat failed."""
+    return [Reason("failed", f"every repeat failed at {p.workload} c={p.concurrency} "
+                             f"({', '.join(f'{r} x{n}' for r, n in p.failures.items())})")
+            for p in pts if not p.n_ok]
+
+
+def _quality_gate(ok: Sequence[PointStats], inputs: _BandInputs
+                  ) -> tuple[QualityCheck | None, list[Reason]]:
+    """The output-equality check of a candidate's usable points, and its rejection if any."""
+    if not ok:
+        return None, []
+    quality = quality_check(ok, inputs.refs, inputs.missing_refs, inputs.promote)
+    if quality.passed:
+        return quality, []
+    detail = quality.problem or _quality_detail(quality, inputs.promote.confidence)
+    return quality, [Reason("quality", detail)]
+
+
+def _quality_detail(q: QualityCheck, confidence: float) -> str:
+    """Each failing level with both rates, the bound that failed and the tolerance."""
+    parts = []
+    for lv in (lv for lv in q.levels if not lv.passed):
+        base = (f"the baseline's own {lv.baseline_mismatches} of {lv.baseline_pairs} "
+                f"({lv.baseline_rate:.1%})" if q.calibrated
+                else "a baseline taken as exact (calibration off)")
+        parts.append(f"at c={lv.concurrency} {lv.candidate_mismatches} of {lv.candidate_pairs} "
+                     f"(run, request) pairs differ from the baseline's reference "
+                     f"({lv.candidate_rate:.1%}) vs {base}: the {confidence:.0%} lower bound of "
+                     f"the excess, {lv.diff_lo:.1%}, exceeds the tolerance {q.tolerance:.1%}")
+    detail = "; ".join(parts) or "no requests were compared"
+    return detail + (f"; e.g. {', '.join(q.examples)}" if q.examples else "")
+
+
+def _speedups(ok: Sequence[PointStats], inputs: _BandInputs) -> list[PointSpeedup]:
+    """Candidate vs the time-local baseline at each usable point (engine starts as replicates)."""
+    out = []
+    promote = inputs.promote
+    for p in ok:
+        key = (p.workload, p.concurrency)
+        blocks = filter_stage(inputs.blocks.get(key, []), inputs.stage)
+        c = contrast([b for b in blocks if b.engine_hash == p.engine_hash],
+                            [b for b in blocks if b.engine_hash == inputs.baseline_hash],
+                            inputs.noise[key])
+        if c is None:
+            continue
+        lo, hi = c.interval(promote.confidence)
+        out.append(PointSpeedup(
+            p.workload, p.concurrency, Estimate(c.speedup, lo, hi, promote.confidence),
+            c.n_windows, c.n_baseline_windows, c.cv, c.p_above(1 + promote.margin),
+            c.n_blocks, c.n_baseline_blocks, c.replicated))
+    return out
+
+
+def _speedup_reason(s: PointSpeedup, promote: PromoteSpec) -> Reason | None:
+    """Why a point's speedup lower bound misses 1 + margin, and what would settle it."""
+    threshold = 1 + promote.margin
+    e = s.speedup
+    if e.lo >= threshold:
+        return None
+    detail = (f"lower bound {e.lo:.3f} < {threshold:.3f} at {s.workload} c={s.concurrency} "
+              f"(speedup {e.value:.3f}, {e.confidence:.0%} CI [{e.lo:.3f}, {e.hi:.3f}], "
+              f"{s.starts}/{s.baseline_starts} engine starts, {s.n_candidate}/{s.n_baseline} "
+              "windows)")
+    need = starts_needed(s, threshold, promote.confidence)
+    if e.hi < 1:
+        detail += "; slower than the baseline"
+    elif need is None:
+        detail += f"; the gain is below the {promote.margin:.0%} margin"
+    else:
+        detail += (f"; inconclusive: about {need} engine starts per side would settle it at the "
+                   f"observed noise")
+    return Reason("speedup", detail)
+
+
+def _median_acceptance(ok: Sequence[PointStats]) -> float | None:
+    rates = [p.acceptance_rate for p in ok if p.acceptance_rate is not None]
+    return float(np.median(rates)) if rates else None
+
+
+def _verdict(inputs: _BandInputs, pts: Sequence[PointStats]) -> Verdict:
+    """Gate one candidate in one band (its points: every workload x level of the band)."""
+    engine = pts[0]
+    reasons: list[Reason] = []
+    if engine.engine_hash in inputs.refused:
+        reasons.append(Reason("headroom", "refused by the headroom check (does not fit)"))
+    reasons += _failed_reasons(pts)
+    ok = [p for p in pts if p.n_ok]
+    quality, quality_reasons = _quality_gate(ok, inputs)
+    reasons += quality_reasons
+    reasons += [Reason("slo", v) for v in slo_violations(ok, inputs.promote)]
+    speedups = _speedups(ok, inputs)
+    reasons += [r for s in speedups if (r := _speedup_reason(s, inputs.promote)) is not None]
+    if ok and len(speedups) < len(ok):
+        reasons.append(Reason("speedup", f"not measured on {inputs.stage or 'any'} engine starts "
+                                         "at every point of the band"))
+    return Verdict(
+        engine_hash=engine.engine_hash, engine=engine.engine, drafter=engine.drafter,
+        method=engine.method, num_speculative_tokens=engine.num_speculative_tokens,
+        speedups=tuple(speedups),
+        worst=min(speedups, key=lambda s: s.speedup.lo) if speedups else None,
+        quality=quality, rejected=tuple(reasons),
+        per_position_acceptance=_median_curve(p.per_position_acceptance for p in ok),
+        acceptance_rate=_median_acceptance(ok),
+    )
+
+
+def _band_verdicts(inputs: _BandInputs, band: Band) -> list[Verdict]:
+    """A verdict for every candidate measured in the band where the baseline was too."""
+    verdicts = []
+    for _, pts in sorted(inputs.candidates.items()):
+        in_band = [p for p in pts if p.concurrency in band
+                   and any(b.concurrency == p.concurrency and b.workload == p.workload
+                           for b in inputs.baseline_points)]
+        if in_band:
+            verdicts.append(_verdict(inputs, in_band))
+    return verdicts
+
+
+def _band_notes(inputs: _BandInputs, band: Band) -> list[str]:
+    """Baseline drift in the band, and SLOs the baseline itself breaks there."""
+    notes = [f"the baseline moved {d.ratio - 1:+.1%} between engine starts #{d.seq_from} and "
+             f"#{d.seq_to} at {d.workload} c={d.concurrency} (beyond noise, z={d.z:.1f}); "
+             "candidates are compared with the baseline interpolated in time, and racing "
+             "re-measures what ran between them"
+             for d in inputs.drift if d.concurrency in band and d.flagged]
+    in_band = [p for p in inputs.baseline_points if p.concurrency in band]
+    notes += [f"the baseline itself breaks an SLO ({v}): this band needs capacity, which "
+              "speculation alone may not give" for v in slo_violations(in_band, inputs.promote)]
+    return notes
+
+
+def _winner_reasons(winner: Verdict, promote: PromoteSpec) -> tuple[str, ...]:
+    """The winner's evidence: its worst point's speedup, its quality check, the SLOs."""
+    w, q = winner.worst, winner.quality
+    assert w is not None  # eligible implies measured speedups
+    return (
+        f"{winner.engine} ({winner.method}, N={winner.num_speculative_tokens}): speedup lower "
+        f"bound {w.speedup.lo:.3f} >= {1 + promote.margin:.3f} at its worst point "
+        f"{w.workload} c={w.concurrency} (speedup {w.speedup.value:.3f}, "
+        f"{w.speedup.confidence:.0%} CI [{w.speedup.lo:.3f}, {w.speedup.hi:.3f}])",
+        f"quality: mismatched (run, request) pairs {q.summary}; the {promote.confidence:.0%} "
+        f"lower bound of the excess over the baseline's rate is within the tolerance "
+        f"{q.tolerance:.1%} at every level"
+        if q is not None else "quality: not evaluated",
+        "latency SLOs met at the worst repeat"
+        if any(b is not None for b in promote.slo.model_dump().values())
+        else "no latency SLOs set",
+    )
+
+
+def _off_reasons(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
+    """Why speculation is off in a band: nothing measured, or the gates every candidate failed."""
+    if not verdicts:
+        return ("no speculative candidate was measured in this band",)
+    by_gate = Counter(g for v in verdicts for g in dict.fromkeys(r.gate for r in v.rejected))
+    return (f"speculation off: none of {len(verdicts)} candidates passed "
+            f"(rejected by {', '.join(f'{g} x{n}' for g, n in by_gate.items())})",)
+
+
+def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
+                 unresolved: str = "") -> Decision:
+    """The winner of one band (or "off"/"unresolved"), every candidate ranked, with reasons."""
+    levels = tuple(sorted({p.concurrency for p in inputs.baseline_points if p.concurrency in band}))
+    eligible = [v for v in verdicts if v.eligible]
+    rejected = sorted((v for v in verdicts if not v.eligible), key=_tie_key)
+    winner: Verdict | None = None
+    if eligible and not unresolved:
+        winner, others = pick(eligible, inputs.promote.tie_tolerance)
+        reasons = _winner_reasons(winner, inputs.promote)
+        candidates = (winner, *sorted(others, key=lambda v: -(v.score or 0.0)), *rejected)
+    else:
+        reasons = (f"unresolved: {unresolved}",) if unresolved else _off_reasons(verdicts)
+        candidates = (*sorted(eligible, key=_tie_key), *rejected)
+    return Decision(traffic_class=inputs.traffic_class, band=band, levels=levels,
+                    workloads=inputs.workloads, winner=winner, candidates=candidates,
+                    reasons=reasons, notes=tuple(_band_notes(inputs, band)),
+                    unresolved=unresolved)
+
+
+def _n_per_band(decisions: Sequence[Decision], drafter: str, tie_tolerance: float
+                ) -> tuple[list[tuple[Band, int]], dict[int, Verdict], list[str]]:
+    """The drafter's N in each band (0 where none of its engines is eligible), its engine per N,
+    and notes on bands another drafter won."""
+    notes = []
+    n_by_band: list[tuple[Band, int]] = []
+    engines: dict[int, Verdict] = {}
+    for d in decisions:
+        if d.winner is not None and d.winner.drafter == drafter:
+            chosen: Verdict | None = d.winner
+        else:
+            mine = [v for v in d.candidates if v.drafter == drafter and v.eligible]
+            chosen = pick(mine, tie_tolerance)[0] if mine else None
+        n = chosen.num_speculative_tokens if chosen is not None else 0
+        if chosen is not None:
+            engines[n] = chosen
+        if d.winner is not None and d.winner.drafter != drafter:
+            notes.append(f"band {d.band.label}: {d.winner.engine} won, but one engine serves one "
+                         f"drafter; {drafter} runs N={n} there")
+        n_by_band.append((d.band, n))
+    return n_by_band, engines, notes
+
+
+def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: PointStats,
+                max_batch_size: int | None, tie_tolerance: float
+                ) -> tuple[Deployment, list[str]]:
+    """One engine per class: the drafter winning most bands, with its best N per band."""
+    baseline_hash = baseline.engine_hash
+    off = Deployment(traffic_class, "off", baseline_hash, baseline.engine, baseline.drafter,
+                     BASELINE_METHOD, 0, None, baseline_hash,
+                     ("speculation loses or is unproven in every band",))
+    winners = [(i, d.winner) for i, d in enumerate(decisions) if d.winner is not None]
+    if not winners:
+        return off, []
+    wins = Counter(w.drafter for _, w in winners)
+    first = {w.drafter: i for i, w in reversed(winners)}
+    method = {w.drafter: w.method for _, w in winners}
+    drafter = min(wins, key=lambda d: (-wins[d], first[d], _cost(method[d]), d))
+    n_by_band, engines, notes = _n_per_band(decisions, drafter, tie_tolerance)
+    n_max = max(n for _, n in n_by_band)
+    top = engines[n_max]
+    reasons = [f"{drafter} wins {wins[drafter]} of {len(decisions)} bands"]
+    if len({n for _, n in n_by_band}) == 1:
+        return Deployment(traffic_class, "speculate", top.engine_hash, top.engine, drafter,
+                          top.method, n_max, None, baseline_hash, tuple(reasons)), notes
+    schedule, fill = build_schedule(n_by_band, max_batch_size)
+    notes += fill
+    if schedule is not None:
+        reasons.append("N changes with load: " + ", ".join(
+            f"{b.label}: N={n}" for b, n in n_by_band))
+        notes.append("the schedule was assembled from fixed-N measurements; sweep it as one "
+                     "engine before relying on it (vLLM drops full CUDA graphs to piecewise for "
+                     "a dynamic N, and the drafter's memory is held even where N=0)")
+    ranges = tuple((start, end, k) for start, end, k in schedule) if schedule else None
+    return Deployment(traffic_class, "speculate", top.engine_hash, top.engine, drafter,
+                      top.method, n_max, ranges, baseline_hash, tuple(reasons)), notes
+
+
+def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
+            closing_baseline: Iterable[Measurement] = (),
+            refused_by_headroom: Collection[str] = frozenset(),
+            family: Literal["holm", "none"] = "holm",
+            stage: Stage | None = None,
+            race: Mapping[tuple[str, str], BandState] | None = None,
+            partial: bool = False) -> Analysis:
+    """Decide every traffic class and band of a sweep.
+
+    `measurements`: every window of the sweep, the baseline's first start included.
+    `closing_baseline`: the baseline's later engine starts (drift, time-local baseline, output
+    self-agreement). `refused_by_headroom`: engine hashes the headroom check refused.
+    `family="holm"` (a grid sweep) corrects the speedup tests over every class x band x
+    candidate; "none" leaves them per comparison (racing's exploration views). `stage` limits the
+    speedups to exploration or confirmation starts. `race`: racing's final band states; the
+    selected candidate of each band is then judged on its confirmation starts only and the others
+    by how the race eliminated them. `partial`: a race in progress, whose candidates may be
+    measured only at the points of the bands they contend in (as with `race`).
+    Raises AnalysisError, listing every point to (re-)measure, when the data cannot carry a
+    decision."""
+    opening, closing_ms = _placed(list(measurements), list(closing_baseline))
+    points = aggregate(opening, promote, "open")
+    closing = aggregate(closing_ms, promote, "close")
+    blocks = usable_starts((*opening, *closing_ms))
+    refused = frozenset(refused_by_headroom)
+    problems = [f"closing_baseline holds {p.label}, which is not the baseline"
+                for p in closing if not p.is_baseline]
+    staged = []
+    for traffic_class in sorted({p.traffic_class for p in points}):
+        pts = [p for p in points if p.traffic_class == traffic_class]
+        base_pts, problem = _class_baseline(traffic_class, pts)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        cand = _candidates(pts)
+        problems += _coverage_problems(base_pts, cand, refused, promote,
+                                       race is not None or partial)
+        bands, band_problems, band_notes = bands_for(promote, [p.concurrency for p in base_pts])
+        problems += band_problems
+        if problems:
+            continue  # keep checking the other classes, but decide nothing
+        close_pts = [p for p in closing if p.engine_hash == base_pts[0].engine_hash
+                     and p.traffic_class == traffic_class]
+        staged.append(_class_verdicts(traffic_class, bands, band_notes, base_pts, close_pts,
+                                      cand, refused, promote, blocks, stage, race))
+    if problems:
+        raise AnalysisError(problems)
+    if family == "holm" and race is None:
+        staged = _family_corrected(staged, promote)
+    results = [_decide_class(s, race) for s in staged]
+    return Analysis(tuple(results), tuple(points), tuple(closing),
+                    promote.model_dump(mode="json"), tuple(sorted(refused)))
+
+
+def _class_baseline(traffic_class: str, pts: Sequence[PointStats]
+                    ) -> tuple[list[PointStats], str | None]:
+    """The class's baseline points, or why there is no single baseline to compare with."""
+    base_pts = [p for p in pts if p.is_baseline]
+    if not base_pts:
+        return [], (f"traffic class {traffic_class}: the no-speculation baseline was not "
+                    "measured; measure it (sweep.include_baseline: true)")
+    base_hashes = sorted({p.engine_hash for p in base_pts})
+    if len(base_hashes) > 1:
+        return [], (f"traffic class {traffic_class}: {len(base_hashes)} baseline engines "
+                    f"({', '.join(base_hashes)}); expected one")
+    return base_pts, None
+
+
+def _candidates(pts: Sequence[PointStats]) -> dict[str, list[PointStats]]:
+    """Speculative points by engine hash."""
+    cand: dict[str, list[PointStats]] = defaultdict(list)
+    for p in pts:
+        if not p.is_baseline:
+            cand[p.engine_hash].append(p)
+    return cand
+
+
+def _coverage_problems(base_pts: Sequence[PointStats], cand: Mapping[str, list[PointStats]],
+                       refused: Collection[str], promote: PromoteSpec, raced: bool = False
+                       ) -> list[str]:
+    """Points with too few repeats, and points one side measured but the other did not (a race
+    measures a candidate only where it still contends, so there only the baseline must cover)."""
+    problems = [_too_few(p, promote, "the baseline") for p in base_pts
+                if p.n_ok < promote.min_repeats]
+    grid = sorted({(p.workload, p.concurrency) for p in base_pts})
+    for engine_hash, cps in sorted(cand.items()):
+        if engine_hash in refused:
+            continue
+        have = {(p.workload, p.concurrency): p for p in cps}
+        for w, c in grid:
+            point = have.get((w, c))
+            if point is None and raced:
+                continue
+            if point is None:
+                problems.append(f"{cps[0].engine} ({engine_hash}) has no window at {w} c={c}; "
+                                f"measure it ({promote.min_repeats} repeats)")
+            elif 0 < point.n_ok < promote.min_repeats:
+                problems.append(_too_few(point, promote, point.engine))
+        for w, c in sorted(set(have) - set(grid)):
+            problems.append(f"the baseline has no window at {w} c={c}, where {cps[0].engine} "
+                            "was measured; measure the baseline there")
+    return problems
+
+
+def _too_few(p: PointStats, promote: PromoteSpec, who: str) -> str:
+    failed = f" ({', '.join(f'{r} x{n}' for r, n in p.failures.items())} excluded)" \
+        if p.failures else ""
+    return (f"{who} ({p.engine_hash}) at {p.workload} c={p.concurrency}: {p.n_ok} usable "
+            f"repeat{'s' if p.n_ok != 1 else ''}{failed}; need >= {promote.min_repeats}: "
+            "re-measure this point")
+
+
+def _decide_class(staged: _ClassVerdicts,
+                  race: Mapping[tuple[str, str], BandState] | None) -> ClassResult:
+    """Every band's decision and the deployment of one class."""
+    inputs, promote = staged.inputs, staged.inputs.promote
+    decisions = []
+    for band, verdicts in zip(staged.bands, staged.verdicts, strict=True):
+        state = race.get((inputs.traffic_class, band.label)) if race is not None else None
+        unresolved = state.why if state is not None and state.status == "unresolved" else ""
+        decisions.append(_decide_band(inputs, band, verdicts, unresolved))
+    explicit = bool(promote.concurrency_bands)
+    deployment, dep_notes = _deployment(inputs.traffic_class, decisions,
+                                        inputs.baseline_points[0],
+                                        staged.bands[-1].hi if explicit else None,
+                                        promote.tie_tolerance)
+    return ClassResult(inputs.traffic_class, staged.bands, tuple(decisions), deployment,
+                       inputs.drift, tuple([*staged.notes, *dep_notes]))
+
+
+def starts_needed(s: PointSpeedup, threshold: float, confidence: float, power: float = 0.8
+                  ) -> int | None:
+    """Engine starts per side that would put the lower bound above `threshold` with `power`,
+    if the observed speedup and noise hold (None when the speedup is below the threshold)."""
+    e = s.speedup
+    gap = math.log(e.value) - math.log(threshold)
+    if gap <= 0:
+        return None
+    if e.hi == e.lo:
+        return max(2, s.starts)
+    se = (math.log(e.hi) - math.log(e.lo)) / (2 * z_value(confidence))
+    need = s.starts * (se * (z_value(confidence) + z_value(2 * power - 1)) / gap) ** 2
+    return max(2, math.ceil(need))
+
+
+def band_p_value(v: Verdict) -> float:
+    """A band's speedup test: every point must clear 1 + margin (intersection-union), so its
+    p-value is the largest of its points'."""
+    return max((s.p_value for s in v.speedups), default=1.0)
+
+
+def _placed(opening: list[Measurement], closing: list[Measurement]
+            ) -> tuple[list[Measurement], list[Measurement]]:
+    """Windows with a run-order position. Records without one (`seq` -1) are placed as a grid
+    sweep runs them: the baseline first, candidates in hash order, the closing baseline last
+    (as the baseline's next engine start)."""
+    hashes = sorted({m.key.engine_hash for m in opening if m.method != BASELINE_METHOD})
+    order = {h: i + 1 for i, h in enumerate(hashes)}
+    last = len(hashes) + 1
+    first_block = {m.key.engine_hash: m.key.block for m in opening}
+
+    def place(m: Measurement, is_closing: bool) -> Measurement:
+        if m.seq >= 0:
+            return m
+        if is_closing:
+            block = max(m.key.block, first_block.get(m.key.engine_hash, 0) + 1)
+            return dataclasses.replace(m, seq=last, key=dataclasses.replace(m.key, block=block))
+        return dataclasses.replace(m, seq=order.get(m.key.engine_hash, 0))
+
+    return [place(m, False) for m in opening], [place(m, True) for m in closing]
+
+
+@dataclass(frozen=True)
+class _ClassVerdicts:
+    """One class's verdicts per band, before the family correction and the pick."""
+
+    inputs: _BandInputs
+    bands: tuple[Band, ...]
+    verdicts: tuple[tuple[Verdict, ...], ...]
+    """Per band."""
+    notes: tuple[str, ...]
+
+
+def _class_verdicts(traffic_class: str, bands: Sequence[Band], band_notes: Sequence[str],
+                    base_pts: Sequence[PointStats], close_pts: Sequence[PointStats],
+                    cand: Mapping[str, list[PointStats]], refused: Collection[str],
+                    promote: PromoteSpec, blocks: Mapping[tuple[str, int], list[StartWindows]],
+                    stage: Stage | None,
+                    race: Mapping[tuple[str, str], BandState] | None) -> _ClassVerdicts:
+    """StartNoise, drift and quality references of one class, and every candidate's verdicts."""
+    baseline_hash = base_pts[0].engine_hash
+    workloads = tuple(sorted({p.workload for p in base_pts}))
+    mine = {k: v for k, v in blocks.items() if k[0] in workloads}
+    noise = {k: start_noise(v, baseline_hash) for k, v in mine.items()}
+    drift = [Drift(w, c, d.seq_from, d.seq_to, d.ratio, d.z, d.flagged)
+             for (w, c), bs in sorted(mine.items())
+             for d in drift_steps([b for b in bs if b.engine_hash == baseline_hash],
+                                         noise[(w, c)])]
+    notes = list(band_notes)
+    if not any(b.engine_hash == baseline_hash and b.block > 0 for bs in mine.values()
+               for b in bs):
+        notes.append("the baseline was measured on one engine start only: drift unchecked")
+    if not all(n.replicated for n in noise.values()):
+        notes.append("no engine config was started twice at some points: their intervals treat "
+                     "windows as independent (measure the baseline again to fix this)")
+    refs, missing = _references([*base_pts, *close_pts])
+    inputs = _BandInputs(
+        traffic_class=traffic_class, workloads=workloads, candidates=cand,
+        baseline_points=tuple(base_pts), baseline_hash=baseline_hash, blocks=mine, noise=noise,
+        refs=refs, missing_refs=missing, refused=refused, drift=tuple(drift), promote=promote,
+        stage=stage)
+    verdicts = []
+    for band in bands:
+        state = race.get((traffic_class, band.label)) if race is not None else None
+        verdicts.append(tuple(_raced(inputs, band, state) if race is not None
+                              else _band_verdicts(inputs, band)))
+    return _ClassVerdicts(inputs, tuple(bands), tuple(verdicts), tuple(notes))
+
+
+def _raced(inputs: _BandInputs, band: Band, state: BandState | None) -> list[Verdict]:
+    """A racing sweep's verdicts in one band: the selected candidate judged on its confirmation
+    starts only, every other candidate on all its data with how the race dropped it."""
+    selected = state.contenders[0] if state is not None and state.status in (
+        "confirmed", "confirming", "unresolved") and len(state.contenders) == 1 else None
+    confirm_inputs = dataclasses.replace(inputs, stage="confirm")
+    why = dict(state.dropped) if state is not None else {}
+    out = []
+    for v in _band_verdicts(inputs, band):
+        if v.engine_hash == selected and state is not None:
+            pts = [p for p in inputs.candidates[v.engine_hash] if p.concurrency in band]
+            cv = _verdict(confirm_inputs, pts)
+            if state.status != "confirmed" and cv.eligible:
+                cv = dataclasses.replace(cv, rejected=(Reason("race", state.why),))
+            out.append(cv)
+        elif v.eligible or v.engine_hash in why:
+            reason = why.get(v.engine_hash) or "not selected by the race"
+            out.append(dataclasses.replace(v, rejected=(*v.rejected, Reason("race", reason))))
+        else:
+            out.append(v)
+    return out
+
+
+def _family_corrected(staged: Sequence[_ClassVerdicts], promote: PromoteSpec
+                      ) -> list[_ClassVerdicts]:
+    """Holm over the deployment's whole family: every class x band x measured candidate.
+    A candidate whose band clears 1 + margin per comparison but not after the correction is
+    rejected by the "family" gate."""
+    alpha = (1 - promote.confidence) / 2
+    family = [(i, j, k) for i, s in enumerate(staged) for j, vs in enumerate(s.verdicts)
+              for k, v in enumerate(vs) if v.speedups]
+    pvals = [band_p_value(staged[i].verdicts[j][k]) for i, j, k in family]
+    rejected = holm(pvals, alpha)
+    out = [[list(vs) for vs in s.verdicts] for s in staged]
+    for (i, j, k), p, ok in zip(family, pvals, rejected, strict=True):
+        v = out[i][j][k]
+        if not ok and v.eligible:
+            out[i][j][k] = dataclasses.replace(v, rejected=(Reason(
+                "family", f"p = {p:.2g} for speedup <= {1 + promote.margin:.3f} does not pass "
+                f"Holm's correction over the deployment's {len(family)} comparisons "
+                f"(alpha {alpha:.3g})"),))
+    return [dataclasses.replace(s, verdicts=tuple(tuple(vs) for vs in o))
+            for s, o in zip(staged, out, strict=True)]
+
+
+def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
+    """The decision table: one row per band x candidate, plus the "off" row of every band."""
+    rows = []
+    for d in result.decisions:
+        for v in d.candidates:
+            s = v.worst.speedup if v.worst is not None else None
+            q = v.quality
+            rows.append({
+                "traffic_class": d.traffic_class, "band": d.band.label, "engine": v.engine,
+                "engine_hash": v.engine_hash, "method": v.method, "N": v.num_speculative_tokens,
+                "verdict": v.status,
+                "speedup": s.value if s else None, "lo": s.lo if s else None,
+                "hi": s.hi if s else None,
+                "worst_point": f"{v.worst.workload} c={v.worst.concurrency}" if v.worst else None,
+                "quality": q.summary if q else None,
+                "acceptance_rate": v.acceptance_rate,
+                "why": "; ".join(str(r) for r in v.rejected) or v.note,
+            })
+        rows.append({
+            "traffic_class": d.traffic_class, "band": d.band.label, "engine": "off (baseline)",
+            "engine_hash": result.deployment.baseline_hash, "method": BASELINE_METHOD, "N": 0,
+            "verdict": ("unresolved" if d.outcome == "unresolved" else "winner")
+            if d.winner is None else "eligible",
+            "speedup": 1.0, "lo": 1.0, "hi": 1.0, "worst_point": None, "quality": None,
+            "acceptance_rate": None,
+            "why": "; ".join(d.reasons) if d.winner is None else "a candidate passed every gate",
+        })
+    return rows

@@ -1,0 +1,36 @@
+"""Where a raced band stands: its contenders' intervals and status after a round."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A contender's band estimate in one round: its worst point."""
+
+    value: float
+    lo: float
+    hi: float
+    point: str
+    starts: int = 1
+    """Candidate engine starts behind the estimate."""
+
+
+@dataclass(frozen=True)
+class BandState:
+    """Where one (traffic class, band) stands after a round."""
+
+    traffic_class: str
+    band: str
+    status: Literal["exploring", "confirming", "confirmed", "off", "unresolved"]
+    contenders: tuple[str, ...]
+    """Engine hashes still in the race (exploring), or the selected one (confirming and after)."""
+    dropped: tuple[tuple[str, str], ...] = ()
+    """(engine hash, why) of every candidate dropped so far, in the order they were dropped."""
+    estimates: Mapping[str, Interval] = field(default_factory=dict)
+    looks: int = 0
+    """Confirmation looks taken."""
+    why: str = ""

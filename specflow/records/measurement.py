@@ -1,0 +1,156 @@
+"""Frozen measurement records: what one measured window produced, as vLLM reported it.
+
+The runner creates them, tracking logs them, analysis reads them. Pure data, JSON round-trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+"""vLLM bench's latency families (milliseconds)."""
+LATENCY_STATS = ("mean", "median", "p50", "p90", "p99")
+"""Statistics kept per family; keys are vLLM's, e.g. `p99_tpot_ms`, `mean_ttft_ms`."""
+
+
+@dataclass(frozen=True)
+class WindowKey:
+    """Identifies one measured window of a sweep."""
+
+    engine_hash: str
+    """EngineConfig.hash (what the engine was started with)."""
+    workload: str
+    """Workload name."""
+    concurrency: int
+    """Max in-flight requests."""
+    repeat: int
+    """Repeat index within the engine start, from 0."""
+    block: int = 0
+    """Which engine start of this config (0 = its first); the replicate unit."""
+
+    @property
+    def id(self) -> str:
+        start = f"/b{self.block}" if self.block else ""
+        return f"{self.engine_hash}{start}/{self.workload}/c{self.concurrency}/r{self.repeat}"
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """One request of a window (the window keeps them in dataset order): its lengths and
+    latency from `vllm bench serve`, and for a speculative engine its own acceptance from the
+    response (`--per-request-spec-decode-metrics`; None where the load generator could not
+    read it)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    latency_s: float
+    ttft_s: float
+    spec_steps: int | None = None
+    """Verify steps of this request (its drafts)."""
+    accepted: int | None = None
+    """Draft tokens accepted over its steps."""
+    drafted: int | None = None
+    """Draft tokens proposed over its steps."""
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Tokens per verify step: 1 + accepted / steps."""
+        return 1.0 + self.accepted / self.spec_steps if self.spec_steps and \
+            self.accepted is not None else None
+
+    @property
+    def s_per_token(self) -> float | None:
+        """Request latency per output token (end to end). Not TPOT from the streamed chunks'
+        times: the CPU engine delivers some streams in one burst, which makes that near 0."""
+        return self.latency_s / self.output_tokens if self.output_tokens and \
+            self.latency_s > 0 else None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured window (engine config x workload x concurrency x repeat)."""
+
+    key: WindowKey
+    engine: str
+    """EngineConfig.name, e.g. `eagle3-n3` or `baseline`."""
+    drafter: str
+    """The candidate series: the drafter entry name (`none` for the baseline), with
+    `+adaptive` for its adaptive-verification engines (EngineConfig.series)."""
+    method: str
+    """Drafting method (`none` for the baseline)."""
+    num_speculative_tokens: int
+    """N (0 for the baseline)."""
+    traffic_class: str
+    """The workload's traffic class."""
+    status: Literal["ok", "failed"] = "ok"
+    """`failed` when the window produced no usable result (see `failure`)."""
+    failure: str | None = None
+    """Why it failed: one of start_failed, oom, crashed, hang, timeout, bench_failed, ..."""
+    failure_detail: str = ""
+    """Human-readable detail (e.g. the server log tail)."""
+    completed: int = 0
+    """Requests that finished."""
+    failed: int = 0
+    """Requests that errored."""
+    duration_s: float = 0.0
+    """Measured window length."""
+    output_throughput: float = 0.0
+    """Output tokens per second over the window."""
+    request_throughput: float = 0.0
+    """Requests per second over the window."""
+    total_token_throughput: float = 0.0
+    """Input + output tokens per second."""
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    """vLLM's latency statistics, keyed as in its result JSON (`p99_tpot_ms`, ...)."""
+    acceptance_rate: float | None = None
+    """accepted / draft tokens, as a fraction (None without speculation)."""
+    mean_acceptance_length: float | None = None
+    """1 + accepted / drafts."""
+    per_position_acceptance: tuple[float, ...] = ()
+    """accepted_at_position_i / drafts, i = 0..N-1 (non-increasing)."""
+    num_drafts: int | None = None
+    """Drafting steps in the window (counter delta)."""
+    draft_tokens: int | None = None
+    """Proposed tokens in the window (counter delta)."""
+    accepted_tokens: int | None = None
+    """Accepted tokens in the window (counter delta)."""
+    output_digests: tuple[str, ...] = ()
+    """Per-request sha256 of the generated text, in dataset order (quality gate)."""
+    prompt_hash: str = ""
+    """Content hash of the exact prompts sent."""
+    total_output_tokens: int = 0
+    """Output tokens generated in the window."""
+    artifacts: dict[str, str] = field(default_factory=dict)
+    """Files the window left, by name (bench result JSON, bench and engine logs, counters)."""
+    seq: int = -1
+    """Position of this window's engine start in the sweep's run order (-1: not recorded;
+    analysis then assumes baseline first, candidates, closing baseline last)."""
+    stage: Literal["explore", "confirm", "schedule"] = "explore"
+    """Racing stage of the engine start: selection data, fresh confirmation data, or the
+    measurement of an emitted N schedule around its thresholds."""
+    round: int = 0
+    """Racing round the engine start belonged to."""
+    engine_s: float = 0.0
+    """Seconds from the engine's launch to the end of this window (engine time spent)."""
+    requests: tuple[RequestStats, ...] = ()
+    """Each request of the window, in dataset order (empty for records made before this)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["per_position_acceptance"] = list(self.per_position_acceptance)
+        out["output_digests"] = list(self.output_digests)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Measurement:
+        data = dict(data)
+        data["key"] = WindowKey(**data["key"])
+        data["per_position_acceptance"] = tuple(data.get("per_position_acceptance") or ())
+        data["output_digests"] = tuple(data.get("output_digests") or ())
+        data["requests"] = tuple(RequestStats(**r) for r in data.get("requests") or ())
+        return cls(**data)

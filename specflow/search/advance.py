@@ -1,0 +1,312 @@
+"""What a finished round changes for each band: candidates dropped, a winner selected or
+confirmed, and the probe round's predictions for the series it held back."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from scipy import stats
+
+from specflow.decision.choose import analyze, band_p_value, starts_needed
+from specflow.decision.model import Analysis, Verdict
+from specflow.decision.race import BandState, Interval
+from specflow.records.measurement import Measurement
+from specflow.search import predict
+from specflow.search.budget import cannot_win, clear_leader
+from specflow.search.plan import BandKey, Shape, _fast, split_baseline
+from specflow.spec.schema import PromoteSpec
+from specflow.stats.multiplicity import holm
+from specflow.stats.replicates import Stage
+
+
+def _band_estimates(result: Analysis) -> dict[BandKey, dict[str, Verdict]]:
+    return {(r.traffic_class, d.band.label): {v.engine_hash: v for v in d.candidates}
+            for r in result.classes for d in r.decisions}
+
+
+def _interval(v: Verdict) -> Interval | None:
+    if not v.speedups:
+        return None
+    w = min(v.speedups, key=lambda s: s.speedup.lo)
+    return Interval(w.speedup.value, w.speedup.lo, min(s.speedup.hi for s in v.speedups),
+                           f"{w.workload} c={w.concurrency}", w.starts)
+
+
+def _gate_reasons(v: Verdict) -> str:
+    return "; ".join(str(r) for r in v.rejected if r.gate not in ("speedup", "family", "race"))
+
+
+def _drift_protected(result: Analysis, key: BandKey, verdicts: Mapping[str, object],
+                     measurements: Sequence[Measurement]) -> set[str]:
+    """Candidates with a start between two baseline starts that moved beyond noise."""
+    r = result.result(key[0])
+    steps = [(d.seq_from, d.seq_to) for d in r.drift if d.flagged
+             and any(d.concurrency in dec.band for dec in r.decisions if dec.band.label == key[1])]
+    return {m.key.engine_hash for m in measurements if m.key.engine_hash in verdicts
+            and any(a < m.seq < b for a, b in steps)}
+
+
+def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, object],
+                 states: dict[BandKey, BandState], data: Sequence[Measurement],
+                 refused: frozenset[str], stage: Stage, index: int
+                 ) -> dict[BandKey, BandState]:
+    """The band states after an exploration or a confirmation round."""
+    opening, later = split_baseline(data, shape.baseline)
+    result = analyze(opening, _fast(promote), closing_baseline=later,
+                              refused_by_headroom=refused, family="none", stage=stage,
+                              partial=True)
+    verdicts = _band_estimates(result)
+    out = dict(states)
+    if stage == "explore":
+        for key, st in states.items():
+            if st.status == "exploring":
+                protected = _drift_protected(result, key, verdicts.get(key, {}), data)
+                out[key] = _explore_step(st, verdicts.get(key, {}), protected, promote, index,
+                                         shape.budget.max_rounds)
+        return out
+    return _confirm_step(shape, promote, states, verdicts)
+
+
+def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                  states: dict[BandKey, BandState], data: Sequence[Measurement],
+                  refused: frozenset[str], held: frozenset[str]
+                  ) -> tuple[dict[BandKey, BandState], bool]:
+    """After an adaptive search's probe round: per band, predict every held-back candidate from
+    its probe and add those that can still win as contenders (measured next round, beside the
+    probes); drop the rest with their prediction. A band with nothing to add takes an ordinary
+    exploration step. Returns the states and whether any band added a contender."""
+    opening, later = split_baseline(data, shape.baseline)
+    result = analyze(opening, _fast(promote), closing_baseline=later,
+                              refused_by_headroom=refused, family="none", stage="explore",
+                              partial=True)
+    verdicts = _band_estimates(result)
+    windows: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
+    for m in data:
+        windows[(m.key.engine_hash, m.key.workload, m.key.concurrency)].append(m)
+    threshold = 1 + promote.margin
+    z = float(stats.norm.isf((1 - promote.confidence) / 2))
+    out = dict(states)
+    added = False
+    for key, st in states.items():
+        if st.status != "exploring":
+            continue
+        vs = verdicts.get(key, {})
+        measured = {h: iv for h in st.contenders if (v := vs.get(h)) is not None
+                    and not _gate_reasons(v) and (iv := _interval(v)) is not None}
+        best_lo = max((iv.lo for iv in measured.values()), default=-math.inf)
+        pending, pruned = [], []
+        outranked = _outranked(sorted(held, key=shape.candidates.index), shape.chains, vs,
+                               windows, bands[key], z, promote.tie_tolerance)
+        for h in sorted(held, key=shape.candidates.index):
+            ch = shape.chains[h]
+            iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z,
+                            shape.kv_capacity.get(h))
+            if iv is None:
+                pending.append(h)  # nothing to predict from: measure it
+            elif iv.hi < threshold or iv.hi < best_lo:
+                bound = threshold if iv.hi < threshold else best_lo
+                pruned.append((h, f"round 0: predicted {iv.value:.3f} [{iv.lo:.3f}, "
+                                  f"{iv.hi:.3f}] at {iv.point} from {vs[ch.probe].engine}: "
+                                  f"cannot win (upper bound < {bound:.3f}); not started"))
+            elif h in outranked:
+                pruned.append((h, f"round 0: {outranked[h]}; not started"))
+            else:
+                pending.append(h)
+        if pending:
+            added = True
+            gated = [(h, f"round 0: {_gate_reasons(vs[h]) if h in vs else 'not measured'}")
+                     for h in st.contenders if h not in measured]
+            keep = tuple(h for h in shape.candidates if h in measured or h in pending)
+            out[key] = replace(st, contenders=keep, dropped=(*st.dropped, *gated, *pruned),
+                               estimates=measured)
+        else:
+            stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned)), vs,
+                                    _drift_protected(result, key, vs, data), promote, 0,
+                                    shape.budget.max_rounds)
+            out[key] = stepped
+    return out, added
+
+
+def _predicted(ch: predict.Chain, probe: Verdict | None,
+               windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
+               points: Sequence[tuple[str, int]], z: float, kv_capacity: int | None = None
+               ) -> Interval | None:
+    """A held-back candidate's band interval predicted from its probe (its worst point, capped
+    where its KV cache holds fewer requests than the level), or None where the probe has no
+    usable estimate at every point of the band."""
+    if probe is None or _gate_reasons(probe):
+        return None
+    speedups = {(s.workload, s.concurrency): (s.speedup.value, s.speedup.lo, s.speedup.hi)
+                for s in probe.speedups if (s.workload, s.concurrency) in set(points)}
+    probe_windows = {p: [m for m in windows.get((ch.probe, *p), ()) if m.stage != "schedule"]
+                     for p in speedups}
+    preds = predict.point_predictions(ch, probe_windows, speedups, z, kv_capacity)
+    if not preds or len(preds) < len(speedups):
+        return None
+    worst = min(preds, key=lambda p: preds[p].lo)
+    capped = preds[worst].kv_capacity
+    where = f"{worst[0]} c={worst[1]}" + (f", KV holds {capped}" if capped else "")
+    return Interval(preds[worst].value, preds[worst].lo,
+                           min(p.hi for p in preds.values()), where, 0)
+
+
+def _series_ratios(held: Sequence[str], chains: Mapping[str, predict.Chain], probe: str,
+                   speedups: Mapping[tuple[str, int], float],
+                   windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
+                   points: Sequence[tuple[str, int]], z: float
+                   ) -> dict[str, dict[tuple[str, int], tuple[float, float, float]]]:
+    """The held-back members of one probe's series over a band: per point, each one's
+    predicted speedup over the probe (value, lo, hi; `predict.ratio_to_probe`), the probe
+    itself at exactly 1. A member that cannot be predicted at every point is left out."""
+    accs = {(w, c): acc for w, c in points
+            if (acc := predict.acceptance([m for m in windows.get((probe, w, c), ())
+                                           if m.stage != "schedule"])) is not None}
+    out = {probe: {p: (1.0, 1.0, 1.0) for p in points}}
+    for h in held:
+        ch = chains[h]
+        if all(p in speedups and p in accs and len(accs[p].rates) >= ch.probe_n
+               for p in points):
+            out[h] = {p: predict.ratio_to_probe(accs[p], speedups[p], ch.n, ch.probe_n, z)
+                      for p in points}
+    return out
+
+
+def _outranked(held: Sequence[str], chains: Mapping[str, predict.Chain],
+               verdicts: Mapping[str, Verdict],
+               windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
+               points: Sequence[tuple[str, int]], z: float, tie: float) -> dict[str, str]:
+    """Held-back candidates that a member of their own series beats at every point of the
+    band by more than a tie, on the predicted ratios to their common probe (why, by hash).
+
+    Every member of a series is predicted from the same engine start of its probe, compared
+    with the same baseline: their ranking carries neither that start's effect nor the
+    baseline's noise, only the MAL sampling error and the cost fit's (`predict.ratio_to_probe`),
+    so it holds where a prediction against the baseline is too wide to prune. The series'
+    leader (the highest predicted worst point; the probe, at ratio 1, when nothing beats it)
+    keeps its place; a member whose upper bound stays below the leader's predicted ratio x (1 +
+    tie) at every point would at best tie with the leader there (the band takes each
+    candidate's worst point): screened out, as indifference-zone selection does."""
+    out: dict[str, str] = {}
+    by_probe: dict[str, list[str]] = defaultdict(list)
+    for h in held:
+        by_probe[chains[h].probe].append(h)
+    for probe_hash, members in by_probe.items():
+        probe = verdicts.get(probe_hash)
+        if probe is None or _gate_reasons(probe):
+            continue
+        speedup = {(s.workload, s.concurrency): s.speedup.value for s in probe.speedups}
+        ratios = _series_ratios(members, chains, probe_hash, speedup, windows, points, z)
+        # the predicted band value: the worst point's predicted speedup over the baseline
+        leader = max(ratios, key=lambda h: min(r[0] * speedup.get(p, 1.0)
+                                               for p, r in ratios[h].items()))
+        for h in members:
+            if h == leader or h not in ratios:
+                continue
+            if all(ratios[h][p][2] < ratios[leader][p][0] * (1 + tie) for p in points):
+                p = max(points, key=lambda p: ratios[h][p][2] / ratios[leader][p][0])
+                v, _, hi = ratios[h][p]
+                lv = ratios[leader][p][0]
+                lead = ("the probe" if leader == probe_hash
+                        else f"N={chains[leader].n}'s {lv:.3f}x")
+                out[h] = (f"predicted {v:.3f}x its probe {probe.engine} (at most {hi:.3f}x) at "
+                          f"{p[0]} c={p[1]}: at best a tie ({tie:.0%}) with {lead}")
+    return out
+
+
+def _explore_step(st: BandState, verdicts: Mapping[str, Verdict],
+                  protected: set[str], promote: PromoteSpec, index: int, max_rounds: int
+                  ) -> BandState:
+    """Drop what cannot win (on a gate at once; on its speedup after two engine starts); select
+    a winner when one is left, leads clearly or is already above the margin."""
+    threshold = 1 + promote.margin
+    dropped = list(st.dropped)
+    estimates: dict[str, Interval] = {}
+    for h in st.contenders:
+        v = verdicts.get(h)
+        gates = _gate_reasons(v) if v is not None else "not measured"
+        iv = _interval(v) if v is not None else None
+        if gates or iv is None:
+            dropped.append((h, f"round {index}: {gates or 'no speedup measured'}"))
+        else:
+            estimates[h] = iv
+    for h, why in cannot_win(estimates, threshold).items():
+        # a contender gets two engine starts before its speedup can drop it: one start's
+        # effect (shared by every band) must not decide
+        if h not in protected and estimates[h].starts >= 2:
+            dropped.append((h, f"round {index}: cannot win ({why})"))
+            del estimates[h]
+    contenders = tuple(h for h in st.contenders if h in estimates)
+    now = replace(st, contenders=contenders, dropped=tuple(dropped), estimates=estimates)
+    if not contenders:
+        return replace(now, status="off", why="every candidate was dropped")
+    leader = clear_leader(estimates) if len(contenders) > 1 else contenders[0]
+    best = max(contenders, key=lambda h: estimates[h].lo)
+    if leader is None and estimates[best].lo >= threshold:
+        # Already above the margin on exploration data: confirmation (fresh starts, corrected)
+        # decides; a lucky pick fails there and costs power, never a false promotion.
+        leader = best
+    if protected & set(contenders) and index + 1 < max_rounds:
+        leader = None  # nothing is selected on data a baseline step may have distorted
+    if leader is None and index + 1 >= max_rounds:
+        leader = best
+    if leader is not None and estimates[leader].value >= threshold:
+        name = verdicts[leader].engine if leader in verdicts else leader[:8]
+        others = tuple((h, f"round {index}: {name} selected instead")
+                       for h in contenders if h != leader)
+        return replace(st, status="confirming", contenders=(leader,),
+                       dropped=(*dropped, *others), estimates=estimates,
+                       why=f"selected in round {index}: speedup {estimates[leader].value:.3f} "
+                           f"[{estimates[leader].lo:.3f}, {estimates[leader].hi:.3f}] on "
+                           "exploration data")
+    if index + 1 >= max_rounds:
+        rounds_run = f"{max_rounds} exploration round{'s' * (max_rounds != 1)}"
+        return replace(now, status="unresolved", why=f"after {rounds_run} no contender's "
+                       f"estimate clears {threshold:.3f}")
+    return now
+
+
+def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, BandState],
+                  verdicts: Mapping[BandKey, Mapping[str, Verdict]]
+                  ) -> dict[BandKey, BandState]:
+    """Holm over the bands being confirmed, at alpha / looks, on confirmation data only."""
+    out = dict(states)
+    confirming = [k for k, st in states.items() if st.status == "confirming"]
+    alpha = (1 - promote.confidence) / 2 / shape.budget.confirm_looks
+    pvals, gates = [], []
+    for k in confirming:
+        v = verdicts.get(k, {}).get(states[k].contenders[0])
+        pvals.append(band_p_value(v) if v is not None else 1.0)
+        gates.append(_gate_reasons(v) if v is not None else "not measured on confirmation")
+    passed = holm(pvals, alpha)
+    for k, p, ok, gate in zip(confirming, pvals, passed, gates, strict=True):
+        st = states[k]
+        looks = st.looks + 1
+        v = verdicts.get(k, {}).get(st.contenders[0])
+        iv = _interval(v) if v is not None else None
+        ests = {st.contenders[0]: iv} if iv is not None else {}
+        if ok and not gate:
+            out[k] = replace(st, status="confirmed", looks=looks, estimates=ests,
+                             why=f"confirmed on fresh engine starts (p = {p:.2g} <= Holm's "
+                                 f"threshold over {len(confirming)} bands at alpha {alpha:.3g})")
+        elif gate or (iv is not None and iv.hi < 1 + promote.margin):
+            out[k] = replace(st, status="off", looks=looks, estimates=ests,
+                             why=f"failed confirmation: {gate or 'upper bound below the margin'}")
+        elif looks >= shape.budget.confirm_looks:
+            out[k] = replace(st, status="unresolved", looks=looks, estimates=ests,
+                             why=f"not confirmed after {looks} look{'s' * (looks != 1)} "
+                                 f"(p = {p:.2g}); " + _settle_cost(v, promote))
+        else:
+            out[k] = replace(st, looks=looks, estimates=ests)
+    return out
+
+
+def _settle_cost(v: Verdict | None, promote: PromoteSpec) -> str:
+    if v is None or v.worst is None:
+        return "measure it again"
+    need = starts_needed(v.worst, 1 + promote.margin, promote.confidence)
+    if need is None:
+        return "its estimate is below the margin"
+    return f"about {need} confirmation engine starts per side would settle it"

@@ -1,0 +1,173 @@
+"""What a sweep can measure (`Shape`), the engine starts of a round placed in run order, and
+what the records say was spent."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from specflow.decision.aggregate import usable_starts
+from specflow.decision.bands import bands_for
+from specflow.decision.race import BandState
+from specflow.records.measurement import Measurement, WindowKey
+from specflow.search import predict
+from specflow.search.budget import Spent
+from specflow.spec.compile import EngineConfig
+from specflow.spec.schema import BudgetSpec, PromoteSpec
+from specflow.stats.replicates import Stage, start_noise
+
+Design = Literal["grid", "race"]
+
+
+Search = Literal["exhaustive", "adaptive"]
+
+
+BandKey = tuple[str, str]
+"""(traffic class, band label)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a sweep can measure and how (from the compiled plan and the spec)."""
+
+    design: Design
+    baseline: str
+    """The baseline's engine hash."""
+    candidates: tuple[str, ...]
+    """Speculative engine hashes in plan order."""
+    workloads: Mapping[str, str]
+    """Workload -> traffic class."""
+    concurrency: tuple[int, ...]
+    repeats: int
+    closing_repeats: int
+    budget: BudgetSpec = field(default_factory=BudgetSpec)
+    baseline_every: int = 4
+    """Candidate starts between two baseline starts."""
+    start_s: float = 60.0
+    """Assumed engine start cost before one is measured (seconds)."""
+    window_s: float = 30.0
+    """Assumed window cost before one is measured (seconds)."""
+    engines: Mapping[str, EngineConfig] = field(default_factory=dict)
+    """The plan's engine configs by key (an emitted schedule is derived from them and measured;
+    empty: schedules are not measured)."""
+    search: Search = "exhaustive"
+    """`adaptive` (racing only): the first round measures each chain drafter at its largest N
+    only; the others are predicted from it (`predict`) and measured only if they can win."""
+    chains: Mapping[str, predict.Chain] = field(default_factory=dict)
+    """Candidates an adaptive search predicts from a probe (`predict.chains`)."""
+    kv_capacity: Mapping[str, int] = field(default_factory=dict)
+    """Engine hash -> requests its KV cache holds at the workloads' context length (headroom);
+    a candidate is predicted as capped above it (`predict.kv_capped`)."""
+
+    @property
+    def points(self) -> tuple[tuple[str, int], ...]:
+        return tuple((w, c) for w in self.workloads for c in self.concurrency)
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """One engine start of a round, placed in the run order."""
+
+    engine_hash: str
+    stage: Stage
+    points: tuple[tuple[str, int], ...]
+    repeats: int
+    round: int
+    seq: int
+    block: int
+
+    def window_keys(self) -> list[WindowKey]:
+        """Its windows: repeats outermost, so drift spreads over every point."""
+        return [WindowKey(self.engine_hash, w, c, r, self.block)
+                for r in range(self.repeats) for w, c in self.points]
+
+
+@dataclass(frozen=True)
+class Round:
+    index: int
+    stage: Stage
+    starts: tuple[EngineStart, ...]
+    states: tuple[BandState, ...] = ()
+    """Band states after the round (empty while it is unfinished)."""
+    spent: Spent = field(default_factory=Spent)
+    """Spent by the end of the round (cumulative)."""
+
+
+def spent_by(ms: Sequence[Measurement]) -> Spent:
+    """Engine starts, windows and engine-seconds the records account for (headroom refusals
+    started nothing)."""
+    per_start: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
+    for m in ms:
+        if m.failure != "refused_by_headroom":
+            per_start[(m.key.engine_hash, m.key.block)].append(m)
+    seconds = sum(max(m.engine_s for m in w) for w in per_start.values())
+    return Spent(seconds, sum(len(w) for w in per_start.values()), len(per_start))
+
+
+def _costs(ms: Sequence[Measurement], shape: Shape) -> tuple[float, float]:
+    """Observed seconds per engine start (overhead) and per window, or the shape's defaults."""
+    durations = [m.duration_s for m in ms if m.ok and m.duration_s > 0]
+    window_s = sum(durations) / len(durations) if durations else shape.window_s
+    per_start: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
+    for m in ms:
+        if m.engine_s > 0:
+            per_start[(m.key.engine_hash, m.key.block)].append(m)
+    overheads = [max(m.engine_s for m in w) - sum(m.duration_s for m in w)
+                 for w in per_start.values()]
+    start_s = max(0.0, sum(overheads) / len(overheads)) if overheads else shape.start_s
+    return start_s, window_s
+
+
+def _band_keys(shape: Shape, promote: PromoteSpec) -> dict[BandKey, tuple[tuple[str, int], ...]]:
+    """Every (class, band) with its points."""
+    bands, _, _ = bands_for(promote, shape.concurrency)
+    out = {}
+    for cls in sorted(set(shape.workloads.values())):
+        ws = [w for w, c in shape.workloads.items() if c == cls]
+        for b in bands:
+            out[(cls, b.label)] = tuple((w, c) for w in ws for c in shape.concurrency if c in b)
+    return out
+
+
+def _place(plan: Sequence[tuple[str, Stage, tuple[tuple[str, int], ...], int]],
+           index: int, seq: int, blocks: Counter[str]) -> tuple[EngineStart, ...]:
+    out = []
+    for h, stage, points, repeats in plan:
+        out.append(EngineStart(h, stage, points, repeats, index, seq, blocks[h]))
+        blocks[h] += 1
+        seq += 1
+    return tuple(out)
+
+
+def split_baseline(data: Sequence[Measurement], baseline: str
+                   ) -> tuple[list[Measurement], list[Measurement]]:
+    """Every window but the baseline's later engine starts, and those (what `analyze` takes as
+    measurements and closing_baseline)."""
+    later = [m for m in data if m.key.engine_hash == baseline and m.key.block > 0]
+    opening = [m for m in data if not (m.key.engine_hash == baseline and m.key.block > 0)]
+    return opening, later
+
+
+def _fast(promote: PromoteSpec) -> PromoteSpec:
+    """The rules the race decides under, with the display-only throughput bootstrap at its
+    minimum: the race reads speedups and gates, never the throughput intervals."""
+    return promote.model_copy(update={"bootstrap_samples": 100})
+
+
+def _windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
+    """Windows per engine start for the next round: the cost-optimal number for the noise
+    measured so far (median over points), between `repeats` and `budget.max_repeats`."""
+    cap = shape.budget.max_repeats or 4 * shape.repeats
+    blocks = usable_starts(data)
+    start_s, window_s = _costs(data, shape)
+    best = [start_noise(bs, shape.baseline).windows_per_start(start_s, window_s)
+            for bs in blocks.values()]
+    if not best:
+        return shape.repeats
+    m = float(np.median(best))
+    return int(min(cap, max(shape.repeats, round(m) if math.isfinite(m) else cap)))

@@ -1,0 +1,282 @@
+"""The sweep's rounds, replayed from its records: what has been measured, what each round
+decided, and which engine starts come next.
+
+Everything here is a function of the records (`Measurement.round`, `.seq`, `.key.block`,
+`.stage`, `.engine_s`): a resumed or retried sweep replays the finished rounds to the same
+states, finds the round with windows still missing and runs only those. Nothing else is stored.
+
+A grid sweep is one round: the baseline, every candidate, the closing baseline. A racing sweep
+(see `racing`) explores in rounds until every band has a selected winner, nothing left, or no
+budget, then confirms the selected winners on fresh engine starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from scipy import stats
+
+from specflow.decision.aggregate import usable_starts
+from specflow.decision.model import AnalysisError
+from specflow.decision.race import BandState
+from specflow.records.measurement import Measurement
+from specflow.search.advance import _after_probes, _after_round
+from specflow.search.budget import PlannedStart, Spent, round_cost
+from specflow.search.plan import (
+    BandKey,
+    Round,
+    Shape,
+    _band_keys,
+    _costs,
+    _place,
+    _windows_per_start,
+    spent_by,
+)
+from specflow.search.schedules import (
+    ScheduleCheck,
+    _check_schedules,
+    _pending_schedules,
+    _schedule_round,
+)
+from specflow.spec.compile import EngineConfig
+from specflow.spec.schema import PromoteSpec
+from specflow.stats.replicates import Stage, start_noise
+
+
+@dataclass(frozen=True)
+class SearchState:
+    """The sweep's rounds so far and the one to run now."""
+
+    rounds: tuple[Round, ...]
+    """Finished rounds."""
+    current: Round | None
+    """The round with windows still missing; None when the sweep is done."""
+    states: Mapping[BandKey, BandState]
+    """The latest band states (final when `current` is None)."""
+    spent: Spent
+    problems: tuple[str, ...] = ()
+    """Why the race cannot go on (the data cannot be analysed)."""
+    schedules: Mapping[str, ScheduleCheck] = field(default_factory=dict)
+    """Per traffic class: its emitted N schedule measured as one engine (racing sweeps)."""
+    derived: Mapping[str, EngineConfig] = field(default_factory=dict)
+    """Engine configs the race made (schedules), by hash."""
+
+
+def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measurement],
+           refused: frozenset[str] = frozenset()) -> SearchState:
+    """Replay the finished rounds from the records and find the round to run now."""
+    recorded = {m.key.id for m in measurements}
+    bands = _band_keys(shape, promote)
+    held = _held_back(shape, refused)
+    alive = tuple(h for h in shape.candidates if h not in refused and h not in held)
+    states: dict[BandKey, BandState] = {
+        k: BandState(k[0], k[1], "exploring" if alive else "off", alive,
+                            tuple((h, "refused by the headroom check") for h in shape.candidates
+                                  if h in refused))
+        for k in bands}
+    plan = _first_round(shape, alive, held)
+    rounds: list[Round] = []
+    blocks: Counter[str] = Counter()
+    seq, index, stage = 0, 0, plan[0][1] if plan else "explore"
+    total = Spent()
+    checks: dict[str, ScheduleCheck] = {}
+    pending: dict[str, tuple[ScheduleCheck, EngineConfig]] = {}
+    derived: dict[str, EngineConfig] = {}
+    probe_rounds = 0  # 1 once the probe round added predicted contenders (not a racing round)
+    while plan:
+        starts = _place(plan, index, seq, blocks)
+        seq += len(starts)
+        current = Round(index, stage, starts)
+        if any(k.id not in recorded for s in starts for k in s.window_keys()):
+            return SearchState(tuple(rounds), current, states, total, (), checks, derived)
+        data = [m for m in measurements if m.round <= index]
+        total = spent_by(data)
+        if shape.design == "grid":
+            rounds.append(replace(current, spent=total))
+            return SearchState(tuple(rounds), None, states, total)
+        decided = [m for m in data if m.stage != "schedule"]
+        try:
+            if stage == "schedule":
+                checks = _check_schedules(shape, promote, pending, data)
+            elif held and index == 0:
+                states, added = _after_probes(shape, promote, bands, states, decided, refused,
+                                              held)
+                probe_rounds = int(added)
+            else:
+                states = _after_round(shape, promote, bands, states, decided, refused, stage,
+                                      index - probe_rounds)
+            # right after the probe round, only the contenders it added are started: the probes
+            # already have their start, and the race re-measures every contender only in a
+            # further round (max_rounds), as it does any candidate
+            stage, plan = _next_round(shape, promote, bands, states, decided, index + 1,
+                                      new_only=index == 0 and probe_rounds == 1)
+            if not plan and not checks and shape.engines:
+                pending = _pending_schedules(shape, promote, states, decided, refused)
+                stage, plan = "schedule", _schedule_round(shape, pending.values(), decided)
+                derived = {c.engine_hash: e for c, e in pending.values()}
+        except AnalysisError as exc:
+            rounds.append(replace(current, states=tuple(states.values()), spent=total))
+            return SearchState(tuple(rounds), None, states, total, tuple(exc.problems),
+                            checks, derived)
+        if plan:
+            plan, cost = _affordable(shape, stage, plan, total, _costs(data, shape))
+            if cost is not None:
+                states = _out_of_budget(states, total, cost)
+                plan = []
+        rounds.append(replace(current, states=tuple(states.values()), spent=total))
+        index += 1
+    return SearchState(tuple(rounds), None, states, total, (), checks, derived)
+
+
+def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
+                costs: tuple[float, float]) -> tuple[list, Spent | None]:
+    """The plan if it fits the budget; a confirmation look shrinks to the largest that fits
+    (never below `confirm_starts`). Otherwise the cost that does not fit."""
+
+    def cost(p: list) -> Spent:
+        return round_cost([PlannedStart(h, st, pts, r) for h, st, pts, r in p],
+                                 *costs)
+
+    if total.plus(cost(plan)).within(shape.budget):
+        return plan, None
+    if stage == "confirm":
+        base, winners = plan[0], [x for x in plan[1:] if x[0] != shape.baseline]
+        per = len({x[0] for x in winners})
+        first, unit = cost([base]), cost([*winners[:per], base])
+
+        def fits(k: int) -> bool:  # a look's cost is linear in its starts per winner
+            return total.plus(first).plus(Spent(
+                k * unit.engine_seconds, k * unit.windows, k * unit.engine_starts)).within(
+                shape.budget)
+
+        lo, hi = shape.budget.confirm_starts, len(winners) // max(1, per) - 1
+        if hi >= lo and fits(lo):
+            while lo < hi:  # the largest k that fits (binary search: k can be large)
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+            return confirm_plan(base, winners[:per], lo), None
+    return plan, cost(plan)
+
+
+def _held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
+    """Candidates an adaptive search does not measure in its first round: those predicted from
+    a probe that the headroom check let start."""
+    if shape.search != "adaptive" or shape.design != "race":
+        return frozenset()
+    return frozenset(h for h, ch in shape.chains.items()
+                     if h not in refused and ch.probe not in refused)
+
+
+def _first_round(shape: Shape, alive: Sequence[str], held: frozenset[str] = frozenset()
+                 ) -> list[tuple[str, Stage, tuple[tuple[str, int], ...], int]]:
+    """Grid: baseline, every candidate, closing baseline. Race: the same with a baseline start
+    after every `baseline_every` candidates (an adaptive search holds back the candidates it
+    predicts from a probe)."""
+    base = (shape.baseline, "explore", shape.points, shape.repeats)
+    cands = [(h, "explore", shape.points, shape.repeats) for h in shape.candidates
+             if h not in held]
+    if shape.design == "grid":
+        closing = ([(shape.baseline, "explore", shape.points, shape.closing_repeats)]
+                   if shape.closing_repeats else [])
+        return [base, *cands, *closing]  # type: ignore[list-item]
+    if not alive:
+        return [base]  # type: ignore[list-item]
+    return _with_baselines(cands, base, shape.baseline_every, opening=True)
+
+
+def _with_baselines(cands: list, base: tuple, every: int, *, opening: bool) -> list:
+    out = [base] if opening else []
+    for i in range(0, len(cands), max(1, every)):
+        out += [*cands[i:i + every], base]
+    return out
+
+
+def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                states: Mapping[BandKey, BandState], data: Sequence[Measurement],
+                index: int, new_only: bool = False) -> tuple[Stage, list]:
+    """Exploration while any band explores (contenders only, at their bands' points; with
+    `new_only`, only those not measured yet); then one confirmation look for every selected
+    winner, with fresh baseline starts around it."""
+    repeats = _windows_per_start(shape, data)
+    exploring = {k: st for k, st in states.items() if st.status == "exploring"}
+    if exploring:
+        per: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        open_points: set[tuple[str, int]] = set()
+        for k, st in exploring.items():
+            for h in st.contenders:
+                if not (new_only and h in st.estimates):
+                    per[h].update(bands[k])
+                    open_points.update(bands[k])
+        cands = [(h, "explore", tuple(sorted(per[h])), repeats)
+                 for h in shape.candidates if h in per]
+        base = (shape.baseline, "explore", tuple(sorted(open_points)), repeats)
+        return "explore", _with_baselines(cands, base, shape.baseline_every, opening=False)
+    confirming = {k: st for k, st in states.items() if st.status == "confirming"}
+    if not confirming:
+        return "confirm", []
+    per = defaultdict(set)
+    for k, st in confirming.items():
+        per[st.contenders[0]].update(bands[k])
+    base = (shape.baseline, "confirm", tuple(sorted({p for k in confirming for p in bands[k]})),
+            repeats)
+    winners = [(h, "confirm", tuple(sorted(per[h])), repeats)
+               for h in shape.candidates if h in per]
+    starts = _confirm_size(shape, promote, bands, confirming, data, repeats)
+    return "confirm", confirm_plan(base, winners, starts)
+
+
+def confirm_plan(base: tuple, winners: list, k: int) -> list:
+    """A confirmation look: k starts of each winner, a fresh baseline start around each."""
+    plan = [base]
+    for _ in range(k):
+        plan += [*winners, base]
+    return plan
+
+
+def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                  confirming: Mapping[BandKey, BandState], data: Sequence[Measurement],
+                  repeats: int) -> int:
+    """Engine starts per winner for one confirmation look: enough for 90% power at the
+    exploration estimate (halfway to its lower bound, against the winner's curse), at the
+    corrected alpha and the noise measured so far with `repeats` windows per start, at least
+    `confirm_starts`, at most `max_confirm_starts` (see `BudgetSpec`). A look of k winner
+    starts has k + 1 baseline starts around them: var ~ v_winner / k + v_baseline / k."""
+    budget = shape.budget
+    alpha = (1 - promote.confidence) / 2 / budget.confirm_looks / max(1, len(confirming))
+    z = float(stats.norm.isf(alpha)) + float(stats.norm.isf(0.1))
+    blocks = usable_starts(data)
+    need = budget.confirm_starts
+    for key, st in confirming.items():
+        h = st.contenders[0]
+        iv = st.estimates.get(h)
+        if iv is None or iv.lo <= 0:
+            continue
+        gap = math.log((iv.value * iv.lo) ** 0.5) - math.log(1 + promote.margin)
+        if gap <= 0:
+            continue  # a marginal selection: the smallest look, not the largest
+        for point in bands[key]:
+            noise = start_noise(blocks.get(point, []), shape.baseline)
+            # sized on the 80% upper bound of the start variance: it rests on few starts, and
+            # an estimate near 0 would size a look with no power against a start effect
+            start_var = noise.start_var_upper(0.8)
+            var = sum(start_var + noise.window_var(e) / repeats for e in (h, shape.baseline))
+            need = max(need, math.ceil(var * (z / gap) ** 2))
+    cap = budget.max_confirm_starts
+    if cap is None:
+        cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)
+    return min(need, cap)
+
+
+def _out_of_budget(states: Mapping[BandKey, BandState], total: Spent,
+                   cost: Spent) -> dict[BandKey, BandState]:
+    """Every open band becomes unresolved: the next round would exceed the budget."""
+    why = (f"budget spent: the next round needs {cost.engine_starts} engine starts, "
+           f"{cost.windows} windows, ~{math.ceil(cost.engine_seconds)} engine-seconds beyond "
+           f"the {total.engine_starts} starts / {total.windows} windows / "
+           f"{math.ceil(total.engine_seconds)} s spent")
+    return {k: (replace(st, status="unresolved", why=why)
+                if st.status in ("exploring", "confirming") else st)
+            for k, st in states.items()}

@@ -1,0 +1,148 @@
+"""Simulated sweeps: the real round planner and decision code on synthetic measurements.
+
+Used by `bench/decision_quality.py` (false promotion, power, cost of each design) and by the
+tests that pin the decision's properties. The noise model, per window, on output throughput:
+
+    tput = base * gain(config, point) * drift(seq) * start_effect(config start) * noise
+
+- noise: Student-t(3) scaled to the CV (`1 + cv * t3 / sqrt(3)`), or lognormal with that CV;
+- start effect: lognormal with SD `start_sd`, one draw per engine start (the replicate unit);
+- drift: linear over the run order, `drift` in total from the first engine start to the
+  `horizon`-th;
+- costs: `start_s` per engine start and `window_s` per window (engine-seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from specflow.records.measurement import Measurement
+from specflow.search import rounds
+from specflow.search.plan import Design, EngineStart, Round, Shape
+from specflow.spec.schema import BudgetSpec, PromoteSpec
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    cv: float = 0.03
+    kind: Literal["t3", "lognormal"] = "t3"
+    start_sd: float = 0.0
+    drift: float = 0.0
+    """Total relative drift over `horizon` engine starts (e.g. 0.05 or -0.05)."""
+    horizon: int = 30
+    start_s: float = 25.0
+    window_s: float = 4.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    engine_hash: str
+    name: str
+    method: str
+    n: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Configs with their true speedups (1.0 unless given) per point."""
+
+    shape: Shape
+    engines: Mapping[str, Engine]
+    gains: Mapping[str, float] = field(default_factory=dict)
+    """True speedup per engine hash (every point)."""
+    base_tput: float = 100.0
+    level_gains: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    """True speedup per (engine hash, concurrency), over `gains`."""
+
+    def gain(self, engine_hash: str, concurrency: int) -> float:
+        return self.level_gains.get((engine_hash, concurrency),
+                                    self.gains.get(engine_hash, 1.0))
+
+
+def window(scn: Scenario, start: EngineStart, key_index: int, value: float, duration_s: float,
+           engine_s: float) -> Measurement:
+    """One simulated window: identical outputs everywhere (the quality gate passes)."""
+    e = scn.engines.get(start.engine_hash) or Engine(start.engine_hash, "schedule",
+                                                      "ngram", 0)
+    key = start.window_keys()[key_index]
+    return Measurement(
+        key=key, engine=e.name, drafter=e.method, method=e.method, num_speculative_tokens=e.n,
+        traffic_class=scn.shape.workloads[key.workload], output_throughput=value,
+        duration_s=duration_s, completed=8, output_digests=("same",) * 8,
+        prompt_hash="p", seq=start.seq, stage=start.stage, round=start.round,
+        engine_s=engine_s)
+
+
+def _draw(noise: NoiseModel, rng: np.random.Generator, size: int) -> np.ndarray:
+    if noise.kind == "lognormal":
+        s = math.sqrt(math.log(1 + noise.cv**2))
+        return np.exp(rng.normal(-s * s / 2, s, size))
+    return np.clip(1 + noise.cv * rng.standard_t(3, size) / math.sqrt(3), 0.05, None)
+
+
+def run_round(scn: Scenario, noise: NoiseModel, current: Round, rng: np.random.Generator
+              ) -> list[Measurement]:
+    """Every window of a round, as the engine would have measured them."""
+    out = []
+    for start in current.starts:
+        keys = start.window_keys()
+        gain = np.array([scn.gain(start.engine_hash, k.concurrency) for k in keys])
+        effect = math.exp(rng.normal(0, noise.start_sd)) if noise.start_sd else 1.0
+        drift = 1 + noise.drift * start.seq / max(1, noise.horizon)
+        values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(keys))
+        clock = noise.start_s
+        for i, v in enumerate(values):
+            clock += noise.window_s
+            out.append(window(scn, start, i, float(v), noise.window_s, clock))
+    return out
+
+
+def run_sweep(scn: Scenario, noise: NoiseModel, promote: PromoteSpec, seed: int,
+              max_rounds: int = 50) -> tuple[rounds.SearchState, list[Measurement]]:
+    """Plan, 'measure' and replay rounds until the sweep is done."""
+    rng = np.random.default_rng(seed)
+    ms: list[Measurement] = []
+    for _ in range(max_rounds):
+        progress = rounds.replay(scn.shape, promote, ms)
+        if progress.current is None:
+            return progress, ms
+        ms += run_round(scn, noise, progress.current, rng)
+    raise RuntimeError(f"sweep not done after {max_rounds} rounds")
+
+
+def scenario(design: Design, *, candidates: int = 8, classes: int = 2,
+             levels: Sequence[int] = (1, 8), repeats: int = 3, closing_repeats: int = 3,
+             gains: Mapping[int, float] | None = None, budget: object = None,
+             level_gains: Mapping[tuple[int, int], float] | None = None,
+             measure_schedules: bool = False) -> Scenario:
+    """A sweep of `candidates` configs (two methods x N = 1..candidates/2) over `classes`
+    classes of one workload each and one band per level; `gains` by candidate index,
+    `level_gains` by (candidate index, concurrency). `measure_schedules`: the shape carries
+    engine configs, so an emitted schedule is measured (its engine gains 1.0 unless set)."""
+    from specflow.spec.compile import EngineConfig
+
+    engines = {"base": Engine("base", "baseline", "none", 0)}
+    for i in range(candidates):
+        method = ("ngram", "draft_model")[i % 2]
+        n = i // 2 + 1
+        engines[f"c{i}"] = Engine(f"c{i}", f"{method}-n{n}", method, n)
+    configs = {}
+    for h, e in engines.items():
+        spec = {"method": e.method, "num_speculative_tokens": e.n} if e.n else None
+        argv = ("vllm", "serve", "sim", *(("--speculative-config", json.dumps(
+            spec, sort_keys=True, separators=(",", ":"))) if spec else ()))
+        configs[h] = EngineConfig(e.name, e.method, e.method, e.n, spec, argv, e.n)
+    shape = Shape(
+        design=design, baseline="base", candidates=tuple(f"c{i}" for i in range(candidates)),
+        workloads={f"w{k}": f"class{k}" for k in range(classes)}, concurrency=tuple(levels),
+        repeats=repeats, closing_repeats=closing_repeats,
+        budget=budget if isinstance(budget, BudgetSpec) else BudgetSpec(),
+        engines=configs if measure_schedules else {})
+    return Scenario(shape, engines, {f"c{i}": g for i, g in (gains or {}).items()},
+                    level_gains={(f"c{i}", c): g for (i, c), g in (level_gains or {}).items()})

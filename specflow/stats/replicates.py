@@ -1,0 +1,286 @@
+"""The sweep as an experiment: engine starts as replicates, a time-local baseline, error control
+per deployment, and racing rounds that spend engine starts only where a decision is still open.
+
+Numbers in, numbers out (numpy and scipy). The decision turns measured windows into
+`StartWindows` and asks this module for speedup estimates.
+
+Model, per point (workload x concurrency), on log output throughput:
+    y = mu_config + drift(t) + start effect (per engine start) + window noise.
+- The replicate unit is the engine start (`StartWindows`): windows inside one start share its
+  effect, so a start's mean is the unit and its variance V is estimated from the spread of start
+  means, pooled over every config measured more than once at the point (df = sum of (starts - 1));
+  for the baseline, whose starts drift, from successive differences (von Neumann), which a slow
+  drift barely inflates. When only the baseline was started twice (a grid sweep: one start per
+  candidate, the closing baseline) one degree of freedom cannot carry an interval, so V falls back
+  to the within-start variance / windows, and the analysis says that its intervals do not include
+  start-to-start variation (racing, or more starts per config, fixes that).
+- Time-local baseline: each candidate start is compared with the baseline interpolated linearly
+  in run order between the baseline starts around it (the nearest one where it has a neighbour
+  on one side only). A linear drift cancels; the contrast's variance counts every block it uses.
+- A speedup is exp(contrast) with a t interval (Satterthwaite-free: V's own df), and a one-sided
+  p-value for "speedup <= 1 + margin".
+
+Error control (what `analysis` applies, see DESIGN.md "Deciding"):
+- Grid sweeps: Holm over the whole deployment's family (every class x band x candidate) at
+  alpha = (1 - confidence) / 2, one-sided.
+- Racing sweeps: selection and confirmation are separate. Exploration rounds select at most one
+  winner per band on exploration data; the winner must then beat the baseline on fresh engine
+  starts, with fresh baseline starts around them (stage "confirm"); the confirmation tests are
+  Holm-corrected over the bands being confirmed, and the alpha is split evenly over the allowed
+  confirmation looks (Bonferroni spending), so looking again after an inconclusive confirmation
+  cannot inflate the error. Exploration data never enter a confirmation test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+from specflow.stats.critical import t_value
+
+Stage = Literal["explore", "confirm", "schedule"]
+"""Exploration (selection data), confirmation (fresh starts of a selected winner), schedule
+(an emitted N schedule deployed as one engine and measured around its thresholds)."""
+
+
+@dataclass(frozen=True)
+class StartWindows:
+    """The usable windows of one engine start at one point: the replicate unit."""
+
+    engine_hash: str
+    block: int
+    """Index of this start among the config's starts (0, 1, ...)."""
+    seq: int
+    """Position of the engine start in the sweep's run order (time)."""
+    stage: Stage
+    logs: tuple[float, ...]
+    """Log output throughput of each usable window."""
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.logs))
+
+    @property
+    def m(self) -> int:
+        return len(self.logs)
+
+
+@dataclass(frozen=True)
+class StartNoise:
+    """The noise at one point: the variance of a block mean between engine starts (pooled over
+    configs) and each config's variance between windows."""
+
+    v_block: float
+    """Variance of a block's mean log throughput between engine starts (m_bar windows)."""
+    df: float
+    replicated: bool
+    """False when the starts cannot carry an interval (see `start_noise`): windows are then
+    treated as independent (Welch over each config's windows)."""
+    within: Mapping[str, tuple[float, int]]
+    """Per engine hash: variance of log throughput between windows of one start, and its df."""
+    m_bar: float = 1.0
+
+    @property
+    def cv(self) -> float:
+        """Pooled within-start coefficient of variation (sd of log throughput)."""
+        df = sum(d for _, d in self.within.values())
+        return math.sqrt(sum(v * d for v, d in self.within.values()) / df) if df else 0.0
+
+    def window_var(self, engine_hash: str) -> float:
+        v, df = self.within.get(engine_hash, (0.0, 0))
+        if df:
+            return v
+        pooled_df = sum(d for _, d in self.within.values())
+        return self.cv ** 2 if pooled_df else 0.0
+
+    def block_var(self, engine_hash: str, m: int) -> tuple[float, float]:
+        """Variance of one block mean of `m` windows, and the df it is known with."""
+        w = self.window_var(engine_hash) / m
+        if not self.replicated:
+            return w, float(max(1, self.within.get(engine_hash, (0.0, 0))[1]))
+        # The start effect plus this config's window noise over its m windows (blocks may differ
+        # in size: racing adapts the windows per start to the noise).
+        return self.start_var + w, self.df
+
+    @property
+    def start_var(self) -> float:
+        """Variance of the engine-start effect: the spread of block means beyond what their
+        windows explain (method of moments, floored at 0)."""
+        return max(0.0, self.v_block - self.cv ** 2 / self.m_bar)
+
+    def start_var_upper(self, level: float) -> float:
+        """A `level` upper confidence bound of the start variance (chi-square on the block
+        variance's df): what sizing a measurement should assume when few starts back it."""
+        if not self.replicated or self.df < 1:
+            return self.start_var
+        v_ub = self.v_block * self.df / float(stats.chi2.ppf(1 - level, self.df))
+        return max(0.0, v_ub - self.cv ** 2 / self.m_bar)
+
+    def windows_per_start(self, start_s: float, window_s: float) -> float:
+        """The windows per start that minimise cost x variance: sqrt(start cost / window cost x
+        window variance / start variance) (the classic two-stage sampling optimum)."""
+        if self.start_var <= 0:
+            return math.inf
+        return math.sqrt(start_s / max(window_s, 1e-9) * self.cv ** 2 / self.start_var)
+
+
+def start_noise(blocks: Sequence[StartWindows], baseline_hash: str) -> StartNoise:
+    """The noise at one point (see the module docstring). The between-start variance pools the
+    spread of block means over every config started more than once (the baseline's through
+    successive differences, which a slow drift barely inflates)."""
+    ss, df, df_cand = 0.0, 0, 0
+    by_config: dict[str, list[StartWindows]] = defaultdict(list)
+    for b in blocks:
+        if b.m:
+            by_config[b.engine_hash].append(b)
+    within: dict[str, tuple[float, int]] = {}
+    for h, bs in by_config.items():
+        ssw = sum(float(np.sum((np.asarray(b.logs) - b.mean) ** 2)) for b in bs)
+        dfw = sum(b.m - 1 for b in bs)
+        within[h] = (ssw / dfw if dfw else 0.0, dfw)
+        if len(bs) < 2:
+            continue
+        means = np.array([b.mean for b in sorted(bs, key=lambda b: b.seq)])
+        if h == baseline_hash:
+            ss += float(np.sum(np.diff(means) ** 2)) / 2
+        else:
+            ss += float(np.sum((means - means.mean()) ** 2))
+            df_cand += len(bs) - 1
+        df += len(bs) - 1
+    m_bar = float(np.mean([b.m for bs in by_config.values() for b in bs])) if by_config else 1.0
+    replicated = bool(df_cand or df >= 2)
+    return StartNoise(ss / df if df else 0.0, df, replicated, within, m_bar)
+
+
+def baseline_weights(seq: int, baseline: Sequence[StartWindows]) -> dict[int, float]:
+    """Weights over baseline blocks (by index in `baseline`) interpolating it at time `seq`."""
+    order = sorted(range(len(baseline)), key=lambda i: baseline[i].seq)
+    before = [i for i in order if baseline[i].seq <= seq]
+    after = [i for i in order if baseline[i].seq > seq]
+    if before and after:
+        i, j = before[-1], after[0]
+        gap = baseline[j].seq - baseline[i].seq
+        wj = (seq - baseline[i].seq) / gap
+        return {i: 1 - wj, j: wj}
+    nearest = before[-1] if before else after[0]
+    return {nearest: 1.0}
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """log(candidate / time-local baseline) at one point, with its standard error."""
+
+    log_ratio: float
+    se: float
+    df: float
+    n_blocks: int
+    n_baseline_blocks: int
+    n_windows: int
+    n_baseline_windows: int
+    replicated: bool
+    cv: float
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """Two-sided interval of the speedup (ratio scale)."""
+        if self.se == 0:
+            return math.exp(self.log_ratio), math.exp(self.log_ratio)
+        half = t_value(confidence, self.df) * self.se
+        return math.exp(self.log_ratio - half), math.exp(self.log_ratio + half)
+
+    def p_above(self, threshold: float) -> float:
+        """One-sided p-value of H0: speedup <= threshold."""
+        gap = self.log_ratio - math.log(threshold)
+        if self.se == 0:
+            return 0.0 if gap > 0 else 1.0
+        return float(stats.t.sf(gap / self.se, self.df))
+
+    @property
+    def speedup(self) -> float:
+        return math.exp(self.log_ratio)
+
+
+def contrast(candidate: Sequence[StartWindows], baseline: Sequence[StartWindows], noise: StartNoise
+             ) -> Contrast | None:
+    """Candidate blocks vs the baseline interpolated at each of their times (None without data).
+
+    Each candidate block weighs 1/B; the baseline blocks weigh what the interpolation gives them.
+    The variance sums each block's, with Satterthwaite's degrees of freedom."""
+    cand = [b for b in candidate if b.m]
+    base = [b for b in baseline if b.m]
+    if not cand or not base:
+        return None
+    coef: dict[int, float] = defaultdict(float)
+    for b in cand:
+        for i, w in baseline_weights(b.seq, base).items():
+            coef[i] += w / len(cand)
+    theta = (sum(b.mean for b in cand) / len(cand)
+             - sum(c * base[i].mean for i, c in coef.items()))
+    parts = [noise.block_var(b.engine_hash, b.m) for b in cand]
+    terms = [(v / len(cand) ** 2, d) for v, d in parts]
+    terms += [(c * c * v, d) for (v, d), c in
+              ((noise.block_var(base[i].engine_hash, base[i].m), c) for i, c in coef.items())]
+    var = sum(t for t, _ in terms)
+    if noise.replicated:
+        df = noise.df
+    else:  # Welch-Satterthwaite over the configs' window variances
+        by_df: dict[float, float] = defaultdict(float)
+        for t, d in terms:
+            by_df[d] += t
+        den = sum(t * t / d for d, t in by_df.items())
+        df = var * var / den if den else float(sum(by_df))
+    return Contrast(theta, math.sqrt(var), max(df, 1.0), len(cand), len(coef),
+                    sum(b.m for b in cand), sum(base[i].m for i in coef), noise.replicated,
+                    noise.cv)
+
+
+@dataclass(frozen=True)
+class DriftStep:
+    """Two consecutive baseline starts at one point."""
+
+    seq_from: int
+    seq_to: int
+    ratio: float
+    z: float
+    flagged: bool
+
+
+def drift_steps(baseline: Sequence[StartWindows], noise: StartNoise, confidence: float = 0.99
+                ) -> list[DriftStep]:
+    """Consecutive baseline starts compared; a step beyond noise (two-sided t at `confidence`
+    on two block means) is flagged: what was measured between them is re-measured."""
+    base = sorted((b for b in baseline if b.m), key=lambda b: b.seq)
+    out = []
+    for a, b in zip(base, base[1:], strict=False):
+        (va, dfa), (vb, _) = noise.block_var(a.engine_hash, a.m), noise.block_var(
+            b.engine_hash, b.m)
+        crit = t_value(confidence, dfa)
+        se = math.sqrt(va + vb)
+        d = b.mean - a.mean
+        z = d / se if se else (0.0 if d == 0 else math.inf)
+        out.append(DriftStep(a.seq, b.seq, math.exp(d), z, abs(z) > crit))
+    return out
+
+
+def starts_by_point(rows: Iterable[tuple[str, str, int, int, int, int, Stage, float]]
+                    ) -> dict[tuple[str, int], list[StartWindows]]:
+    """Blocks per point from (engine_hash, workload, concurrency, block, repeat, seq, stage,
+    throughput) rows of usable windows (in any order: windows are sorted by repeat)."""
+    groups: dict[tuple[str, int], dict[tuple[str, int], list[tuple[int, int, Stage, float]]]] = \
+        defaultdict(lambda: defaultdict(list))
+    for h, w, c, block, repeat, seq, stage, tput in rows:
+        groups[(w, c)][(h, block)].append((repeat, seq, stage, math.log(tput)))
+    out: dict[tuple[str, int], list[StartWindows]] = {}
+    for point, per in sorted(groups.items()):
+        out[point] = [StartWindows(h, block, xs[0][1], xs[0][2], tuple(x[3] for x in sorted(xs)))
+                      for (h, block), xs in sorted(per.items())]
+    return out
+
+
+def filter_stage(blocks: Sequence[StartWindows], stage: Stage | None) -> list[StartWindows]:
+    return [b for b in blocks if stage is None or b.stage == stage]

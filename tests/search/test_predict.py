@@ -1,0 +1,345 @@
+"""The N-curve predictor (specflow.search.predict) and the adaptive search's pruning rule
+(specflow.search).
+
+The end-to-end check of both on the real CPU engine is bench/search_cost.py; here the arithmetic
+is pinned on recorded counters and the pruning on constructed rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import pytest
+
+from specflow.config.compose import load_plan
+from specflow.decision.choose import analyze
+from specflow.records.measurement import Measurement, WindowKey
+from specflow.results.report import rounds_table
+from specflow.search import predict, rounds
+from specflow.search.advance import _predicted
+from specflow.search.plan import Round, Shape, _fast, split_baseline
+from specflow.spec.schema import PromoteSpec
+
+
+def _window(engine: str, rates: tuple[float, ...], drafts: int = 100, tput: float = 100.0,
+            c: int = 1, repeat: int = 0) -> Measurement:
+    n = len(rates)
+    return Measurement(
+        key=WindowKey(engine, "chat", c, repeat), engine=engine, drafter="ngram", method="ngram",
+        num_speculative_tokens=n, traffic_class="chat", output_throughput=tput,
+        per_position_acceptance=rates, num_drafts=drafts,
+        mean_acceptance_length=1 + sum(rates) if rates else None)
+
+
+# ------------------------------------------------------------------- recorded counters
+
+NGRAM_N5 = (0.876, 0.677, 0.549, 0.438, 0.394)
+"""Per-position rates of the CPU engine's n-gram drafter at N=5 (tiny target, issue 13), with
+the acceptance lengths measured on engines at N=1 and N=3: 1.909 and 3.225."""
+
+
+def test_chain_acceptance_from_the_largest_n_matches_the_recorded_runs() -> None:
+    acc = predict.acceptance([_window("ng5", NGRAM_N5)])
+    assert acc is not None
+    assert acc.mal(5) == pytest.approx(1 + sum(NGRAM_N5))
+    assert acc.mal(1) == pytest.approx(1.876)
+    assert acc.mal(3) == pytest.approx(3.102)
+    # within 5% of what the N=1 and N=3 engines measured
+    assert abs(acc.mal(1) / 1.909 - 1) < 0.05 and abs(acc.mal(3) / 3.225 - 1) < 0.05
+
+
+def test_a_parallel_drafters_counters_give_its_acceptance_length_but_no_chain() -> None:
+    # a published DSpark run at N=16: per-position rates summing to 3.35, acceptance length 4.35
+    rates = (0.82, 0.64, 0.5, 0.38, 0.29, 0.21, 0.15, 0.11, 0.08, 0.06, 0.04, 0.03, 0.02,
+             0.01, 0.005, 0.005)
+    assert sum(rates) == pytest.approx(3.35)
+    acc = predict.acceptance([dataclasses.replace(_window("ds16", rates), method="dspark")])
+    assert acc is not None and acc.mal(16) == pytest.approx(4.35)
+    # its other block sizes are measured, never predicted from this one
+    _, plan = load_plan(["target=qwen3_8b", "hardware=h200", "drafter=[none,dspark,dflash]",
+                         "+sweep.num_speculative_tokens.dspark=[4,7]"])
+    assert predict.chains(plan.engine_configs) == {}
+
+
+def test_windows_are_pooled_by_drafts_and_their_spread_is_the_sampling_error() -> None:
+    a = _window("e", (0.8, 0.4), drafts=300)
+    b = _window("e", (0.4, 0.2), drafts=100, repeat=1)
+    acc = predict.acceptance([a, b])
+    assert acc is not None
+    assert acc.rates == pytest.approx((0.7, 0.35))  # draft-weighted
+    assert acc.mal_se(2) == pytest.approx(0.3)  # sd of (2.2, 1.6) / sqrt(2)
+    assert predict.acceptance([dataclasses.replace(a, per_position_acceptance=())]) is None
+
+
+def test_the_cost_model_reproduces_the_probe_and_scales_linearly_in_n() -> None:
+    acc = predict.acceptance([_window("ng5", NGRAM_N5)])
+    assert acc is not None
+    # at N = N_max the prediction is the probe's own speedup
+    assert predict.speedup_at(acc, 1.4, 5, 5) == pytest.approx(1.4)
+    # T(5)/T(0) = MAL(5)/1.4; T(k) is linear between: speedup(1) = MAL(1) / (1 + (T5 - 1)/5)
+    t5 = acc.mal(5) / 1.4
+    assert predict.speedup_at(acc, 1.4, 1, 5) == pytest.approx(acc.mal(1) / (1 + (t5 - 1) / 5))
+    p = predict.predict(acc, (1.4, 1.3, 1.5), 2, 5)
+    assert p.lo < predict.speedup_at(acc, 1.3, 2, 5) < p.value < predict.speedup_at(
+        acc, 1.5, 2, 5) < p.hi
+    assert p.hi / predict.speedup_at(acc, 1.5, 2, 5) == pytest.approx(1 + predict.MODEL_ERROR)
+
+
+def test_the_ratio_to_the_probe_carries_only_the_fits_error_where_it_interpolates() -> None:
+    acc = predict.acceptance([_window("ng5", NGRAM_N5)])
+    assert acc is not None
+    # at the probe's own N: exactly 1, no band (one window: no MAL sampling error either)
+    assert predict.ratio_to_probe(acc, 1.4, 5, 5) == pytest.approx((1.0, 1.0, 1.0))
+    # between: the prediction over the probe, MODEL_ERROR x the share of the step cost the
+    # fit interpolates across (T(N)/T(N_max) = 1 + (N/N_max)(T5 - 1) over T5)
+    value, lo, hi = predict.ratio_to_probe(acc, 1.4, 2, 5)
+    t5 = acc.mal(5) / 1.4
+    share = 1 - (1 + 0.4 * (t5 - 1)) / t5
+    assert value == pytest.approx(predict.speedup_at(acc, 1.4, 2, 5) / 1.4)
+    assert hi / value == pytest.approx(1 + predict.MODEL_ERROR * share)
+    assert lo / value == pytest.approx(1 - predict.MODEL_ERROR * share)
+    # a drafter that costs nothing (the probe's speedup is its acceptance length): the fit is
+    # exact and the ratio is the acceptance lengths' ratio
+    free = predict.ratio_to_probe(acc, acc.mal(5), 2, 5)
+    assert free == pytest.approx((acc.mal(2) / acc.mal(5),) * 3)
+    # the same N=2 on a second window that accepts less: MAL sampling error widens it
+    two = predict.acceptance([_window("ng5", NGRAM_N5),
+                              _window("ng5", tuple(r * 0.8 for r in NGRAM_N5), repeat=1)])
+    assert two is not None
+    v2, lo2, hi2 = predict.ratio_to_probe(two, 1.4, 2, 5)
+    assert hi2 / v2 > hi / value and lo2 / v2 < lo / value
+
+
+def test_chains_cover_one_series_at_a_time_and_skip_what_is_not_a_chain() -> None:
+    _, plan = load_plan(["experiment=cpu_demo", "drafter=[none,ngram,draft_model]",
+                         "sweep.num_speculative_tokens.ngram=1..3",
+                         "sweep.num_speculative_tokens.draft_model=[2,4]"])
+    by_name = {e.name: e for e in plan.engine_configs}
+    got = {by_name_of(plan, h): (by_name_of(plan, c.probe), c.n, c.probe_n)
+           for h, c in predict.chains(plan.engine_configs).items()}
+    assert got == {"ngram-n1": ("ngram-n3", 1, 3), "ngram-n2": ("ngram-n3", 2, 3),
+                   "draft_model-n2": ("draft_model-n4", 2, 4)}
+    assert "baseline" in by_name
+    # an N schedule or adaptive verification breaks the chain: those are measured
+    _, sched = load_plan(["experiment=cpu_demo", "drafter=[none,ngram]",
+                          "sweep.num_speculative_tokens.ngram=1..3",
+                          "+drafter.ngram.num_speculative_tokens_per_batch_size=[[1,4,3]]"])
+    assert predict.chains(sched.engine_configs) == {}
+
+
+def by_name_of(plan: object, engine_hash: str) -> str:
+    return next(e.name for e in plan.engine_configs if e.hash == engine_hash)  # type: ignore[attr-defined]
+
+
+def test_versus_sets_each_prediction_beside_its_measurement() -> None:
+    _, plan = load_plan(["experiment=cpu_demo", "drafter=[none,ngram]",
+                         "sweep.num_speculative_tokens.ngram=[1,5]"])
+    e = {x.name: x for x in plan.engine_configs}
+    ms = [dataclasses.replace(_window(e["ngram-n5"].hash, NGRAM_N5), engine="ngram-n5"),
+          dataclasses.replace(_window(e["ngram-n1"].hash, (0.909,)), engine="ngram-n1")]
+    speedups = {e["ngram-n5"].hash: {("chat", 1): (1.3, 1.2, 1.4)},
+                e["ngram-n1"].hash: {("chat", 1): (1.25, 1.2, 1.3)}}
+    (v,) = predict.versus(speedups, ms, plan.engine_configs)
+    assert (v.engine, v.probe, v.n, v.workload, v.concurrency) == (
+        "ngram-n1", "ngram-n5", 1, "chat", 1)
+    assert v.predicted.mal == pytest.approx(1.876) and v.mal == pytest.approx(1.909)
+    assert v.mal_error == pytest.approx(1.876 / 1.909 - 1)
+    assert v.speedup_error == pytest.approx(
+        predict.speedup_at(predict.acceptance([ms[0]]), 1.3, 1, 5) / 1.25 - 1)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------- pruning rule
+
+
+def _shape(levels: tuple[int, ...] = (1,)) -> Shape:
+    chains = {"ng1": predict.Chain("ng3", 1, 3), "ng2": predict.Chain("ng3", 2, 3)}
+    return Shape(design="race", baseline="base", candidates=("ng1", "ng2", "ng3"),
+                        workloads={"chat": "chat"}, concurrency=levels, repeats=3,
+                        closing_repeats=1, search="adaptive", chains=chains)
+
+
+def _measure(current: Round, gains: Mapping[str, float], rates: tuple[float, ...],
+             by_level: Mapping[int, tuple[Mapping[str, float], tuple[float, ...]]] | None = None,
+             spread: float = 0.004) -> list[Measurement]:
+    out = []
+    for start in current.starts:
+        for i, key in enumerate(start.window_keys()):
+            if by_level:
+                gains, rates = by_level[key.concurrency]
+            spec = key.engine_hash != "base"
+            out.append(Measurement(
+                key=key, engine=key.engine_hash, drafter="ngram" if spec else "none",
+                method="ngram" if spec else "none",
+                num_speculative_tokens=int(key.engine_hash[-1]) if spec else 0,
+                traffic_class="chat",
+                output_throughput=100 * gains.get(key.engine_hash, 1.0) * (1 + spread * (i % 3)),
+                duration_s=4, completed=8, output_digests=("same",) * 8, prompt_hash="p",
+                seq=start.seq, stage=start.stage, round=start.round, engine_s=30 + 4 * i,
+                per_position_acceptance=rates[:int(key.engine_hash[-1])] if spec else (),
+                num_drafts=100 if spec else None))
+    return out
+
+
+@pytest.fixture(scope="module")
+def promote_spec() -> PromoteSpec:
+    return load_plan(["experiment=cpu_demo"])[0].spec.promote
+
+
+def test_the_first_round_measures_only_the_probe(promote_spec: PromoteSpec) -> None:
+    progress = rounds.replay(_shape(), promote_spec, [])
+    assert progress.current is not None
+    assert [s.engine_hash for s in progress.current.starts] == ["base", "ng3", "base"]
+    # the exhaustive search, or the grid design, measures every config
+    grid = rounds.replay(dataclasses.replace(_shape(), search="exhaustive"), promote_spec, [])
+    assert grid.current is not None
+    assert {s.engine_hash for s in grid.current.starts} == {"base", "ng1", "ng2", "ng3"}
+
+
+def test_a_config_predicted_far_below_the_baseline_is_never_started(
+        promote_spec: PromoteSpec) -> None:
+    shape = _shape()
+    # the probe accepts little and costs a lot: N=1 and N=2 are predicted at ~0.8x
+    rates = (0.05, 0.02, 0.01)
+    ms: list[Measurement] = []
+    started: list[str] = []
+    for _ in range(10):
+        progress = rounds.replay(shape, promote_spec, ms)
+        if progress.current is None:
+            break
+        started += [s.engine_hash for s in progress.current.starts]
+        ms += _measure(progress.current, {"ng3": 0.6, "ng1": 0.83, "ng2": 0.72}, rates)
+    assert "ng1" not in started and "ng2" not in started
+    (state,) = progress.states.values()
+    why = dict(state.dropped)
+    assert why["ng1"].startswith("round 0: predicted 0.8") and "not started" in why["ng1"]
+    assert "from ng3: cannot win" in why["ng2"]
+    table = "\n".join(rounds_table(progress.rounds, {"ng1": "ngram-n1"}))
+    assert "ngram-n1 (round 0: predicted 0.8" in table and "not started" in table
+
+
+def test_a_config_predicted_close_to_winning_is_measured(promote_spec: PromoteSpec) -> None:
+    shape = _shape()
+    # the probe accepts well early and pays for its last positions: N=1 is predicted ~1.3x
+    rates = (0.9, 0.3, 0.1)
+    ms: list[Measurement] = []
+    rounds_started: list[list[str]] = []
+    for _ in range(12):
+        progress = rounds.replay(shape, promote_spec, ms)
+        if progress.current is None:
+            break
+        rounds_started.append([s.engine_hash for s in progress.current.starts])
+        ms += _measure(progress.current, {"ng3": 1.0, "ng1": 1.33, "ng2": 1.18}, rates)
+    assert rounds_started[0] == ["base", "ng3", "base"]
+    # predicted able to win: measured, on its own start beside a baseline; the probe already
+    # has its start and is not restarted for it
+    assert rounds_started[1] == ["ng1", "base"]
+    # ng2 is predicted below ng1 beyond a tie: ng1 leads the series, ng2 is not started
+    assert "ng2" not in {h for r in rounds_started for h in r}
+    (state,) = progress.states.values()
+    assert "at best a tie (2%) with N=1's" in dict(state.dropped)["ng2"], state.dropped
+    assert state.contenders == ("ng1",), state  # and the measurement, not the prediction, won
+    assert state.status in ("confirmed", "unresolved", "confirming")
+
+
+def test_a_config_its_probe_beats_is_not_started_even_when_the_probe_is_noisy(
+        promote_spec: PromoteSpec) -> None:
+    """Windows 25% apart give the probe a band interval so wide that no prediction against the
+    baseline can prune; against its own probe (same engine start, same baseline) the shorter N
+    values are predicted well below it, so they are not started, and the trail says why."""
+    shape = _shape()
+    rates = (0.95, 0.9, 0.85)  # accepts nearly everything: every extra position pays
+    ms: list[Measurement] = []
+    started: list[str] = []
+    first: rounds.SearchState | None = None
+    for _ in range(10):
+        progress = rounds.replay(shape, promote_spec, ms)
+        if progress.current is None:
+            break
+        started += [s.engine_hash for s in progress.current.starts]
+        ms += _measure(progress.current, {"ng3": 1.6, "ng1": 1.3, "ng2": 1.45}, rates,
+                       spread=0.25)
+        first = first or (progress if progress.rounds else None)
+    assert "ng1" not in started and "ng2" not in started
+    (state,) = progress.states.values()
+    why = dict(state.dropped)
+    assert "x its probe ng3" in why["ng2"] and "at best a tie (2%) with the probe" in why["ng2"]
+    # the baseline-band rule alone would have kept it: its predicted upper bound clears both
+    # the margin and the probe's lower bound
+    assert first is not None
+    (after,) = first.rounds[0].states
+    probe = after.estimates["ng3"]
+    assert probe.lo < 1.3 < 1.6 < probe.hi, probe
+
+
+def test_a_config_pruned_in_one_band_is_measured_only_where_it_can_win(
+        promote_spec: PromoteSpec) -> None:
+    """Pruned at c=1 (predicted far below), predicted close at c=4: started once its band
+    needs it, measured there only, and the race still decides (no window is asked for at the
+    band where it was pruned)."""
+    shape = _shape((1, 4))
+    levels = {1: ({"ng3": 0.6, "ng1": 0.83, "ng2": 0.72}, (0.05, 0.02, 0.01)),
+              4: ({"ng3": 1.0, "ng1": 1.33, "ng2": 1.18}, (0.9, 0.3, 0.1))}
+    ms: list[Measurement] = []
+    for _ in range(12):
+        progress = rounds.replay(shape, promote_spec, ms)
+        assert not progress.problems, progress.problems
+        if progress.current is None:
+            break
+        ms += _measure(progress.current, {}, (), levels)
+    assert {m.key.concurrency for m in ms if m.key.engine_hash == "ng1"} == {4}
+    states = {k[1]: st for k, st in progress.states.items()}
+    assert dict(states["c1"].dropped)["ng1"].startswith("round 0: predicted")
+    assert states["c4"].contenders == ("ng1",)
+
+
+def test_a_kv_cache_that_holds_fewer_requests_than_the_level_caps_the_prediction() -> None:
+    acc = predict.acceptance([_window("ng5", NGRAM_N5)])
+    assert acc is not None
+    p = predict.predict(acc, (1.4, 1.3, 1.5), 2, 5)
+    # it holds 2 requests at the context length: at c=8 it runs at most 2 at once
+    capped = predict.kv_capped(p, 8, 2)
+    assert capped.kv_capacity == 2
+    assert capped.value == pytest.approx(p.value / 4) and capped.lo == pytest.approx(p.lo / 4)
+    assert capped.hi == p.hi and capped.mal == p.mal  # the upper bound never prunes on its own
+    assert predict.kv_capped(p, 2, 2) == p and predict.kv_capped(p, 8, None) == p
+    # through the points of a chain: only the level above the capacity is capped
+    ch = predict.Chain("ng5", 2, 5)
+    windows = {("chat", 1): [_window("ng5", NGRAM_N5)],
+               ("chat", 8): [_window("ng5", NGRAM_N5, c=8)]}
+    speedups = {("chat", 1): (1.4, 1.3, 1.5), ("chat", 8): (1.4, 1.3, 1.5)}
+    preds = predict.point_predictions(ch, windows, speedups, kv_capacity=2)
+    assert preds[("chat", 1)].kv_capacity is None
+    assert preds[("chat", 8)].kv_capacity == 2
+    assert preds[("chat", 8)].value == pytest.approx(preds[("chat", 1)].value / 4)
+
+
+def test_the_search_predicts_a_candidate_capped_by_its_kv_cache(
+        promote_spec: PromoteSpec) -> None:
+    """ng1 is predicted ~1.3x at c=4 from its probe, but its KV cache holds 1 request: the
+    predicted value and lower bound drop by 4x and the trail says why; its upper bound keeps
+    it in the race (a cap alone never prunes), so it is measured and decided on measurement."""
+    shape = dataclasses.replace(_shape((4,)), kv_capacity={"ng1": 1})
+    first = rounds.replay(shape, promote_spec, [])
+    assert first.current is not None
+    ms = _measure(first.current, {"ng3": 1.0}, (0.9, 0.3, 0.1))
+    windows = {("ng3", "chat", 4): [m for m in ms if m.key.engine_hash == "ng3"]}
+    after = rounds.replay(shape, promote_spec, ms)
+    assert after.current is not None and "ng1" in {s.engine_hash for s in after.current.starts}
+    iv = _predicted(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
+                           windows, [("chat", 4)], 1.96, 1)
+    uncapped = _predicted(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
+                                 windows, [("chat", 4)], 1.96)
+    assert iv is not None and uncapped is not None
+    assert iv.value == pytest.approx(uncapped.value / 4) and iv.hi == uncapped.hi
+    assert iv.point == "chat c=4, KV holds 1"
+
+
+def _probe_verdict(shape: Shape, promote_spec: PromoteSpec, ms: list[Measurement]
+                   ) -> object:
+
+    opening, later = split_baseline(ms, shape.baseline)
+    result = analyze(opening, _fast(promote_spec), closing_baseline=later,
+                              family="none", stage="explore", partial=True)
+    return next(v for r in result.classes for d in r.decisions for v in d.candidates
+                if v.engine_hash == "ng3")

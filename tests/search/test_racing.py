@@ -1,0 +1,210 @@
+"""Racing and its statistics on simulated sweeps: the real planner (`rounds.replay`) and the real
+decision (`analysis.analyze`) on synthetic windows (`specflow.search.simulate`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from specflow.champions import promote
+from specflow.decision.choose import analyze
+from specflow.decision.model import Analysis
+from specflow.records.measurement import Measurement
+from specflow.search import rounds, simulate
+from specflow.search.schedules import measured_schedules
+from specflow.spec.compile import with_schedule
+from specflow.spec.schema import BudgetSpec, PromoteSpec
+from specflow.stats.multiplicity import holm
+from specflow.stats.replicates import Stage, StartWindows, baseline_weights, contrast, start_noise
+from tests.builders import engine
+
+FAST = PromoteSpec(bootstrap_samples=100)
+
+
+def _block(h: str, seq: int, values: list[float], block: int = 0,
+           stage: Stage = "explore") -> StartWindows:
+    return StartWindows(h, block, seq, stage, tuple(math.log(v) for v in values))
+
+
+def _decide(scn: simulate.Scenario, prog: rounds.SearchState, ms: list[Measurement]) -> Analysis:
+    """The final decision, as `steps.decide` makes it."""
+    later = [m for m in ms if m.key.engine_hash == scn.shape.baseline and m.key.block > 0]
+    opening = [m for m in ms if m not in later]
+    if scn.shape.design == "race":
+        return analyze(opening, FAST, closing_baseline=later, race=dict(prog.states))
+    return analyze(opening, FAST, closing_baseline=later)
+
+
+def _winners(result: Analysis) -> set[str]:
+    return {d.winner.engine_hash for r in result.classes for d in r.decisions if d.winner}
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+
+
+def test_the_time_local_baseline_cancels_a_linear_drift() -> None:
+    """Baseline 100 at start #0, 90 at #2 (a -10% drift, linear in log throughput); the
+    candidate at #1 runs 1.2x the baseline of its time (sqrt(100 * 90)): the speedup is 1.2
+    exactly, not 1.2 * 94.9/100 or 1.2 * 94.9/90."""
+    base = [_block("b", 0, [100.0, 100.0]), _block("b", 2, [90.0, 90.0], block=1)]
+    cand = [_block("c", 1, [1.2 * math.sqrt(9000.0)] * 2)]
+    noise = start_noise([*base, *cand], "b")
+    c = contrast(cand, base, noise)
+    assert c is not None and c.speedup == pytest.approx(1.2)
+    assert baseline_weights(1, base) == {0: 0.5, 1: 0.5}
+    assert baseline_weights(5, base) == {1: 1.0}  # after the last: the nearest
+
+
+def test_engine_starts_are_the_replicate_unit() -> None:
+    """Two starts that disagree by 20% with steady windows inside each: the interval is wide
+    (it counts starts, not windows), where treating 10 windows as independent would be tight."""
+    base = [_block("b", 0, [100.0, 100.5, 99.5, 100.0, 100.2]),
+            _block("b", 3, [100.0, 99.8, 100.1, 100.0, 99.9], block=1)]
+    cand = [_block("c", 1, [130.0, 130.5, 129.8, 130.2, 130.1]),
+            _block("c", 2, [108.0, 108.3, 107.9, 108.1, 108.0], block=1)]
+    noise = start_noise([*base, *cand], "b")
+    assert noise.replicated and noise.df == 2
+    c = contrast(cand, base, noise)
+    assert c is not None
+    lo, hi = c.interval(0.95)
+    assert lo < 1.05 < 1.18 < hi  # a lucky start cannot promote the config
+    unreplicated = start_noise([base[0], cand[0]], "b")
+    assert not unreplicated.replicated
+
+
+def test_holm_steps_down() -> None:
+    assert holm([0.01, 0.04, 0.03, 0.005], 0.05) == [True, False, False, True]
+    assert holm([0.001, 0.012, 0.03], 0.05) == [True, True, True]
+    assert holm([], 0.05) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Racing
+
+
+def test_a_a_family_of_eight_candidates_and_four_bands_promotes_nothing() -> None:
+    """8 candidates x 2 classes x 2 bands, all equal to the baseline, noise CV 10% with a 3%
+    engine-start effect and a 5% drift: neither design promotes anything at these seeds."""
+    noise = simulate.NoiseModel(cv=0.10, start_sd=0.03, drift=0.05)
+    for design in ("race", "grid"):
+        scn = simulate.scenario(design, budget=BudgetSpec(engine_seconds=4000))
+        for seed in range(6):
+            prog, ms = simulate.run_sweep(scn, noise, FAST, seed)
+            assert _winners(_decide(scn, prog, ms)) == set(), (design, seed)
+
+
+def test_a_true_gain_is_selected_then_confirmed_on_fresh_starts() -> None:
+    scn = simulate.scenario("race", gains={3: 1.25})
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.01), FAST, 1)
+    stages = [r.stage for r in prog.rounds]
+    assert stages[0] == "explore" and stages[-1] == "confirm"
+    assert {b.status for b in prog.states.values()} == {"confirmed"}
+    result = _decide(scn, prog, ms)
+    assert _winners(result) == {"c3"}
+    for r in result.classes:
+        for d in r.decisions:
+            worst = d.winner.worst
+            # judged on confirmation starts only: fresh ones, with fresh baseline starts around
+            confirm = {(m.key.engine_hash, m.key.block) for m in ms if m.stage == "confirm"}
+            assert worst.starts == len({b for h, b in confirm if h == "c3"}) >= 2
+    # the rounds spent engine starts only on what could still win
+    assert len({s.engine_hash for s in prog.rounds[0].starts}) == 9
+    assert all(s.engine_hash in ("c3", "base") for s in prog.rounds[-1].starts)
+
+
+def test_an_unresolved_band_is_never_promoted(tmp_path) -> None:
+    """A budget that runs out before the race is decided: every open band is unresolved, the
+    report says what settling it would cost, and nothing, not even "off", becomes champion."""
+    scn = simulate.scenario("race", gains={3: 1.08}, budget=BudgetSpec(engine_starts=14))
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.10, start_sd=0.03), FAST, 2)
+    assert {b.status for b in prog.states.values()} == {"unresolved"}
+    assert all("budget spent" in b.why for b in prog.states.values())
+    result = _decide(scn, prog, ms)
+    assert _winners(result) == set()
+    assert {d.outcome for r in result.classes for d in r.decisions} == {"unresolved"}
+    engines = {h: engine(e.name, e.method if e.method != "none" else "none", e.n)
+               for h, e in scn.engines.items()}
+    spec = FAST.model_copy(update={"output_dir": str(tmp_path)})
+    for r in result.classes:
+        p = promote.promote_class(r, engines, spec)
+        assert p.status == "unresolved" and "unresolved" in p.path.parts
+        assert promote.champion(tmp_path, r.traffic_class) is None
+
+
+def test_a_drifted_baseline_triggers_re_measurement() -> None:
+    """A candidate that loses clearly is dropped after round 0, unless the baseline stepped
+    beyond noise around its start: then it is measured again, and nothing is selected on the
+    drifted data."""
+    scn = simulate.scenario("race", candidates=2, classes=1, levels=(1,),
+                            gains={0: 0.80, 1: 1.3})
+    noise = simulate.NoiseModel(cv=0.01)
+    prog = rounds.replay(scn.shape, FAST, [])
+    assert prog.current is not None
+    ms = simulate.run_round(scn, noise, prog.current, np.random.default_rng(0))
+    after = rounds.replay(scn.shape, FAST, ms)
+    assert "c0" not in {s.engine_hash for s in after.current.starts}
+    # the closing baseline start (#3) reads 30% low: a step beyond noise after c0 (#1)
+    stepped = [dataclasses.replace(m, output_throughput=m.output_throughput * 0.7)
+               if m.key.engine_hash == "base" and m.seq == 3 else m for m in ms]
+    after = rounds.replay(scn.shape, FAST, stepped)
+    assert after.current.stage == "explore"
+    assert {"c0", "c1"} <= {s.engine_hash for s in after.current.starts}
+
+
+def test_rounds_replay_from_the_records_alone() -> None:
+    """Resuming mid-round plans the same round and leaves only its missing windows."""
+    scn = simulate.scenario("race", candidates=4, classes=1)
+    noise = simulate.NoiseModel(cv=0.05)
+    rng = np.random.default_rng(3)
+    prog = rounds.replay(scn.shape, FAST, [])
+    ms = simulate.run_round(scn, noise, prog.current, rng)
+    second = rounds.replay(scn.shape, FAST, ms).current
+    assert second is not None and second.index == 1
+    part = simulate.run_round(scn, noise, second, rng)[: len(second.starts[0].window_keys())]
+    again = rounds.replay(scn.shape, FAST, [*ms, *part])
+    assert again.current == second and len(again.rounds) == 1
+    assert {s.seq for s in second.starts} == set(range(len(prog.current.starts),
+                                                       len(prog.current.starts)
+                                                       + len(second.starts)))
+
+
+def _schedule_scenario(schedule_gain: dict[int, float]) -> tuple[simulate.Scenario, str]:
+    """ngram N=2 wins at c=1 and N=1 at c=8: the class deploys the schedule [[1,7,2],[8,8,1]]
+    as one engine, whose true speedup per level is `schedule_gain`."""
+    scn = simulate.scenario("race", candidates=4, classes=1, levels=(1, 8),
+                            measure_schedules=True,
+                            level_gains={(2, 1): 1.4, (2, 8): 1.1, (0, 1): 1.15, (0, 8): 1.35})
+    sched = with_schedule(scn.shape.engines["c2"], [[1, 7, 2], [8, 8, 1]])
+    gains = {**scn.level_gains, **{(sched.hash, c): g for c, g in schedule_gain.items()}}
+    return dataclasses.replace(scn, level_gains=gains), sched.hash
+
+
+def test_an_emitted_schedule_is_measured_on_both_sides_of_its_threshold() -> None:
+    scn, sched = _schedule_scenario({7: 1.4, 8: 1.35})
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.02), FAST, 0)
+    last = prog.rounds[-1]
+    assert last.stage == "schedule"
+    assert {s.engine_hash for s in last.starts} == {"base", sched}
+    assert {p for s in last.starts for p in s.points} == {("w0", 7), ("w0", 8)}
+    assert sum(s.engine_hash == sched for s in last.starts) == 2  # fresh starts, baseline around
+    check = prog.schedules["class0"]
+    assert check.passed and check.levels == (7, 8) and prog.derived[sched].name.startswith(
+        "ngram-schedule")
+    result = _decide(scn, prog, [m for m in ms if m.stage != "schedule"])
+    assert result.classes[0].deployment.schedule == ((1, 7, 2), (8, 8, 1))
+    kept, problems = measured_schedules(result, prog.schedules)
+    assert len(kept.classes) == 1 and problems == []
+
+
+def test_a_schedule_that_collapses_at_its_threshold_is_not_promoted() -> None:
+    scn, _ = _schedule_scenario({7: 1.4, 8: 0.8})  # vLLM issue 49548's failure mode
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.02), FAST, 0)
+    check = prog.schedules["class0"]
+    assert not check.passed and "w0 c=8 (N=1)" in check.why
+    result = _decide(scn, prog, [m for m in ms if m.stage != "schedule"])
+    kept, problems = measured_schedules(result, prog.schedules)
+    assert kept.classes == () and "falls short around a threshold" in problems[0]
