@@ -18,3 +18,9 @@ def z_value(confidence: float) -> float:
 def t_value(confidence: float, df: float) -> float:
     """Two-sided t critical value at `df` degrees of freedom."""
     return float(stats.t.ppf(0.5 + confidence / 2, df))
+
+
+@functools.cache
+def z_upper(alpha: float) -> float:
+    """One-sided normal critical value: z with P(Z > z) = alpha."""
+    return float(stats.norm.isf(alpha))
