@@ -14,6 +14,8 @@ _.kv_bytes_per_token_target
 _.kv_bytes_per_token_draft
 _.acceptance_drops  # core/promote.py GateResult
 _.forced
+_.decision_table  # champions/promote.py Evidence, VersionedRecord
+_.created_at
 _.wall_s  # engine/loadgen.py JobResult
 _.mtp_aliases  # engine/probe.py VllmFacts
 _.mean_prompt_tokens  # workloads/model.py MaterializedWorkload
@@ -55,7 +57,7 @@ mtime
 # The ledger's event-log reader (engine starts and failures, for people and tests).
 _.events
 
-# Properties analysis.to_json serialises by name (the report's JSON and champion.json).
+# Computed fields only the decision's JSON reads (decision/model.py as_json: champion.json).
 _.fraction
 # bench/decision_quality.py Figures: fields that reach the JSON line through asdict.
 _.wrong_count

@@ -188,8 +188,8 @@ def _split(ms: Sequence[Measurement], baseline: str
            ) -> tuple[list[Measurement], list[Measurement]]:
     """What `rounds._after_round` passes to `analyze`: every window except the baseline's later
     engine starts, and those."""
-    opening = [m for m in ms if m.key.engine_hash != baseline or m.key.block == 0]
-    later = [m for m in ms if m.key.engine_hash == baseline and m.key.block > 0]
+    opening = [m for m in ms if m.key.engine_hash != baseline or m.key.start == 0]
+    later = [m for m in ms if m.key.engine_hash == baseline and m.key.start > 0]
     return opening, later
 
 

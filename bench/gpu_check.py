@@ -41,6 +41,7 @@ from specflow.config.compose import load
 from specflow.demo import realshape
 from specflow.engine.server import reported_kv
 from specflow.records.measurement import Measurement
+from specflow.results.ledger import Ledger
 from specflow.spec.memory import arch_from_dir, safetensors_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +110,7 @@ def _scaled_params(conf_params: float, conf_layers: int, layers: int, outside: i
 
 
 def _sweep_dir(workdir: Path) -> Path | None:
-    dirs = sorted((workdir / "sweeps").glob("*/points"), key=lambda p: p.stat().st_mtime)
+    dirs = sorted((workdir / "sweeps").glob("*/windows"), key=lambda p: p.stat().st_mtime)
     return dirs[-1].parent if dirs else None
 
 
@@ -128,12 +129,9 @@ def compare_kv(headroom: list[dict[str, Any]], sweep: Path) -> list[dict[str, An
 
 
 def _points(sweep: Path) -> list[Measurement]:
-    out = []
-    for f in sorted((sweep / "windows").glob("*.json")):
-        m = Measurement.from_json(json.loads(f.read_text()))
-        if m.ok:
-            out.append(m)
-    return out
+    """The sweep's successful windows, as its ledger holds them."""
+    ledger = Ledger(sweep.parent.parent, sweep.name)
+    return [m for m in ledger.measurements() if m.ok]
 
 
 def compare_curve(points: list[Measurement], rates: dict[str, list[float]]

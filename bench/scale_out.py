@@ -108,7 +108,7 @@ def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
     if sweep.returncode != 0:
         raise SystemExit(sweep.stdout[-3000:] + sweep.stderr[-3000:])
     (sweep_dir,) = (work / "sweeps").iterdir()
-    starts = {e["hash"]: e["t"] for e in Ledger(work, sweep_dir.name).events("engine_start")}
+    starts = {e.hash: e.t for e in Ledger(work, sweep_dir.name).engine_starts()}
     runs = [r for r in _flow_runs(env, pool) if r["state"] == "COMPLETED"]
     ran = [r for r in runs if r["key"] in starts and r["taken"] is not None]
     overhead = [starts[r["key"]] - r["taken"] for r in ran]

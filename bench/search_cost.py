@@ -117,7 +117,7 @@ def _per_round(ms: list[Any], names: dict[str, str]) -> list[dict[str, Any]]:
         spent = spent_by(group)
         starts: dict[tuple[str, int], str] = {}
         for m in group:
-            starts.setdefault((m.key.engine_hash, m.key.block), names.get(m.key.engine_hash,
+            starts.setdefault((m.key.engine_hash, m.key.start), names.get(m.key.engine_hash,
                                                                           m.engine))
         rows.append({"round": rnd, "stage": stage, "starts": spent.engine_starts,
                      "windows": spent.windows, "engine_s": spent.engine_seconds,

@@ -237,8 +237,8 @@ def _problem(ctx: Any, client: Any, s: _Submitted, run: FlowRun, state: str, d: 
     if state in ("PENDING", "RUNNING"):
         lease = ctx.ledger.lease(s.unit.id)
         since = run.state.timestamp.timestamp() if run.state is not None else s.submitted
-        if lease is not None and lease.get("flow_run_id") == str(run.id):
-            since = max(since, lease["t"])
+        if lease is not None and lease.flow_run_id == str(run.id):
+            since = max(since, lease.t)
         if now - since > d.lease_s:
             message = (f"worker lost: no lease renewal for {now - since:.0f} s "
                        f"(dispatch.lease_s={d.lease_s:g})")
@@ -248,11 +248,12 @@ def _problem(ctx: Any, client: Any, s: _Submitted, run: FlowRun, state: str, d: 
 
 
 def _summary(ctx: Any, s: _Submitted, run: FlowRun, state: str, **more: Any) -> dict[str, Any]:
-    lease = ctx.ledger.lease(s.unit.id) or {}
+    lease = ctx.ledger.lease(s.unit.id)
+    devices = lease.devices if lease is not None else None
     return {"engine": s.unit.name, "kind": s.unit.kind, "key": s.unit.key,
             "flow_run": run.name, "flow_run_id": str(run.id), "state": state,
-            "attempts": s.attempt + 1, "host": lease.get("host"),
-            "devices": lease.get("devices"), **more}
+            "attempts": s.attempt + 1, "host": lease.host if lease is not None else None,
+            "devices": list(devices) if devices is not None else None, **more}
 
 
 def _abandon(ctx: Any, s: _Submitted, run: FlowRun, failure: str, detail: str

@@ -20,6 +20,9 @@ stands. Per-position acceptance drops against the old champion's drafter are fla
 (Refusing whenever the new lower bound falls below the old estimate would refuse re-validating
 the very same config almost every time: a lower bound sits below its own estimate.)
 
+Every file is one pydantic model: `ChampionRecord` (what the version hash is taken over),
+`VersionedRecord` (an `unresolved/` file) and `GatedRecord` (champion, history and refused files).
+
 Side effects beyond files (MLflow registration) are the caller's, through `on_promoted`.
 """
 
@@ -36,10 +39,12 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from specflow.decision.choose import decision_rows
-from specflow.decision.model import Analysis, ClassResult, to_json
+from specflow.decision.model import Analysis, ClassResult, Decision, Verdict, as_json
 from specflow.records.fsio import BeforeReplace, atomic_write_json
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import PromoteSpec
@@ -74,6 +79,109 @@ class GateResult:
     forced: bool = False
 
 
+# --------------------------------------------------------------------------------------------
+# Records
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class SpeedupInterval(_Record):
+    """A band's speedup as promoted: the estimate with its confidence interval."""
+
+    estimate: float
+    lo: float
+    hi: float
+    confidence: float
+
+
+class BandRecord(_Record):
+    """One concurrency band of a champion: its outcome, the engine that won it, by how much."""
+
+    band: str
+    """The band's label, e.g. `c1-4`."""
+    lo: int
+    hi: int
+    outcome: Literal["speculate", "off", "unresolved"]
+    engine_hash: str | None
+    """The winner's engine config (None: no winner)."""
+    engine: str | None
+    drafter: str | None
+    method: str | None
+    num_speculative_tokens: int
+    """The winner's N (0: no winner)."""
+    speedup: SpeedupInterval
+    """The winner's worst point (1 with no winner)."""
+    per_position_acceptance: tuple[float, ...]
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+class ChampionEngine(_Record):
+    """The engine config a champion deploys."""
+
+    name: str
+    hash: str
+    drafter: str
+    method: str
+    num_speculative_tokens: int
+
+
+class Evidence(_Record):
+    """What the decision rested on, as the decision serialises it (people and MLflow read it)."""
+
+    decision_table: tuple[dict[str, JsonValue], ...]
+    """`decision_rows`: one row per band x candidate, plus each band's "off" row."""
+    decisions: tuple[JsonValue, ...]
+    """Each band's `Decision`."""
+    drift: tuple[JsonValue, ...]
+    """The class's baseline `Drift` steps."""
+    deployment: dict[str, JsonValue]
+    """The class's `Deployment`."""
+    notes: tuple[str, ...]
+
+
+class ChampionRecord(_Record):
+    """The deployable decision of one class with its evidence (`build_record`): what its
+    version's content hash is taken over."""
+
+    model_config = ConfigDict(frozen=True, validate_by_name=True, serialize_by_alias=True)
+
+    schema_version: int = Field(alias="schema")
+    """The file format (`SCHEMA_VERSION`)."""
+    traffic_class: str
+    outcome: Literal["speculate", "off"]
+    engine: ChampionEngine
+    speculative_config: dict[str, JsonValue] | None
+    """The --speculative-config to serve with (None: no speculation)."""
+    serve_argv: tuple[str, ...]
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None
+    """vLLM's N schedule ranges [start, end, N]; None for a fixed N."""
+    bands: tuple[BandRecord, ...]
+    evidence: Evidence
+    settings: dict[str, JsonValue]
+    """The PromoteSpec it was decided under."""
+
+
+class VersionedRecord(ChampionRecord):
+    """A record as promotion files it: with its version, time and predecessor (the files of
+    `unresolved/`; the base of `GatedRecord`)."""
+
+    version: JsonValue
+    """`<UTC time>-<content hash>`; kept as the file holds it: it names a file only when
+    `is_plain_name` accepts it."""
+    created_at: str
+    previous: JsonValue
+    """The version of the champion it followed (None: none), checked like `version`."""
+
+
+class GatedRecord(VersionedRecord):
+    """A champion, history entry or refused promotion: a versioned record with its gate."""
+
+    gate: GateResult
+
+
 @dataclass(frozen=True)
 class Promotion:
     """The outcome of `promote_class` or `restore`."""
@@ -87,22 +195,32 @@ class Promotion:
     previous: str | None
     """Version of the champion this one replaced (None if there was none)."""
     gate: GateResult
-    record: dict[str, Any] = field(repr=False)
+    record: VersionedRecord = field(repr=False)
 
 
 Hook = Callable[[Promotion], None]
 """Called after the files are in place (e.g. to register the champion in MLflow)."""
-def _read(path: Path) -> dict[str, Any]:
+
+
+def _read(path: Path) -> GatedRecord:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
         raise PromotionError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise PromotionError(f"cannot read {path}: not a JSON object")
-    return data
+    try:
+        return GatedRecord.model_validate(data)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}"
+                        for e in exc.errors()[:3])
+        raise PromotionError(f"cannot read {path}: not a champion record ({why})") from None
 
 
-def is_plain_name(name: object) -> bool:
+def _write(path: Path, record: VersionedRecord, before_replace: BeforeReplace | None = None
+           ) -> None:
+    atomic_write_json(path, record.model_dump(mode="json"), before_replace)
+
+
+def is_plain_name(name: object) -> TypeGuard[str]:
     """Whether a value may become one path component (a class or version name)."""
     return isinstance(name, str) and bool(_SAFE.fullmatch(name)) and name not in {".", ".."}
 
@@ -127,7 +245,7 @@ def _history_path(cdir: Path, version: object) -> Path:
     return path
 
 
-def champion(output_dir: str | Path, traffic_class: str) -> dict[str, Any] | None:
+def champion(output_dir: str | Path, traffic_class: str) -> GatedRecord | None:
     """The current champion record of a class, or None."""
     path = class_dir(output_dir, traffic_class) / CHAMPION
     return _read(path) if path.is_file() else None
@@ -144,12 +262,12 @@ def _heal_history(cdir: Path) -> None:
     that is unreadable or names no plain version is reported and left alone."""
     try:
         record = _read(cdir / CHAMPION)
-        entry = _history_path(cdir, record.get("version"))
+        entry = _history_path(cdir, record.version)
     except PromotionError as exc:
         log.warning("%s not repaired: %s", cdir / CHAMPION, exc)
         return
     if not entry.is_file():
-        atomic_write_json(entry, record)
+        _write(entry, record)
 
 
 @contextlib.contextmanager
@@ -169,7 +287,7 @@ def _locked(cdir: Path) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------------
-# Records
+# Building and gating
 
 
 def _speculative_argv(argv: Sequence[str], cfg: dict[str, Any]) -> list[str]:
@@ -184,7 +302,7 @@ def _speculative_argv(argv: Sequence[str], cfg: dict[str, Any]) -> list[str]:
 
 
 def build_record(result: ClassResult, engines: Mapping[str, EngineConfig],
-                 promote: PromoteSpec) -> dict[str, Any]:
+                 promote: PromoteSpec) -> ChampionRecord:
     """The deployable champion of one class with its evidence (pure; no version yet)."""
     dep = result.deployment
     engine = engines.get(dep.engine_hash)
@@ -197,104 +315,102 @@ def build_record(result: ClassResult, engines: Mapping[str, EngineConfig],
         spec_cfg["num_speculative_tokens"] = dep.num_speculative_tokens
         spec_cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in dep.schedule]
         argv = _speculative_argv(argv, spec_cfg)
-    bands = []
-    for d in result.decisions:
-        w = d.winner
-        s = w.worst.speedup if w is not None and w.worst is not None else None
-        bands.append({
-            "band": d.band.label, "lo": d.band.lo, "hi": d.band.hi, "outcome": d.outcome,
-            "engine_hash": w.engine_hash if w else None, "engine": w.engine if w else None,
-            "drafter": w.drafter if w else None, "method": w.method if w else None,
-            "num_speculative_tokens": w.num_speculative_tokens if w else 0,
-            "speedup": {"estimate": s.value, "lo": s.lo, "hi": s.hi,
-                        "confidence": s.confidence} if s else
-            {"estimate": 1.0, "lo": 1.0, "hi": 1.0, "confidence": promote.confidence},
-            "per_position_acceptance": list(w.per_position_acceptance) if w else [],
-            "reasons": list(d.reasons), "notes": list(d.notes),
-        })
-    return {
-        "schema": SCHEMA_VERSION,
-        "traffic_class": result.traffic_class,
-        "outcome": dep.outcome,
-        "engine": {"name": engine.name, "hash": engine.hash, "drafter": engine.drafter,
-                   "method": engine.method,
-                   "num_speculative_tokens": engine.num_speculative_tokens},
-        "speculative_config": spec_cfg,
-        "serve_argv": argv,
-        "num_speculative_tokens_per_batch_size": (
-            [list(r) for r in dep.schedule] if dep.schedule else None),
-        "bands": bands,
-        "evidence": {
-            "decision_table": decision_rows(result),
-            "decisions": to_json(result.decisions),
-            "drift": to_json(result.drift),
-            "deployment": to_json(dep),
-            "notes": list(result.notes),
-        },
-        "settings": promote.model_dump(mode="json"),
-    }
+    return ChampionRecord(
+        schema_version=SCHEMA_VERSION,
+        traffic_class=result.traffic_class,
+        outcome=dep.outcome,
+        engine=ChampionEngine(name=engine.name, hash=engine.hash, drafter=engine.drafter,
+                              method=engine.method,
+                              num_speculative_tokens=engine.num_speculative_tokens),
+        speculative_config=spec_cfg,
+        serve_argv=tuple(argv),
+        num_speculative_tokens_per_batch_size=dep.schedule or None,
+        bands=tuple(_band(d, promote) for d in result.decisions),
+        evidence=Evidence(decision_table=tuple(decision_rows(result)),
+                          decisions=as_json(result.decisions), drift=as_json(result.drift),
+                          deployment=as_json(dep), notes=result.notes),
+        settings=promote.model_dump(mode="json"),
+    )
 
 
-def _measured(record: dict[str, Any], band: str, engine_hash: str) -> dict[str, Any] | None:
-    """The verdict a record's sweep gave `engine_hash` in `band`, if it measured it there."""
-    for d in record["evidence"]["decisions"]:
-        if d["band"]["label"] == band:
-            for v in d["candidates"]:
-                if v["engine_hash"] == engine_hash:
+def _band(d: Decision, promote: PromoteSpec) -> BandRecord:
+    """A band of the champion: its winner and the winner's worst-point speedup."""
+    w = d.winner
+    s = w.worst.speedup if w is not None and w.worst is not None else None
+    return BandRecord(
+        band=d.band.label, lo=d.band.lo, hi=d.band.hi, outcome=d.outcome,
+        engine_hash=w.engine_hash if w else None, engine=w.engine if w else None,
+        drafter=w.drafter if w else None, method=w.method if w else None,
+        num_speculative_tokens=w.num_speculative_tokens if w else 0,
+        speedup=SpeedupInterval(estimate=s.value, lo=s.lo, hi=s.hi, confidence=s.confidence)
+        if s else SpeedupInterval(estimate=1.0, lo=1.0, hi=1.0, confidence=promote.confidence),
+        per_position_acceptance=w.per_position_acceptance if w else (),
+        reasons=d.reasons, notes=d.notes)
+
+
+def _measured(decisions: Sequence[Decision], band: str, engine_hash: str) -> Verdict | None:
+    """The verdict the new sweep gave `engine_hash` in `band`, if it measured it there."""
+    for d in decisions:
+        if d.band.label == band:
+            for v in d.candidates:
+                if v.engine_hash == engine_hash:
                     return v
     return None
 
 
-def regression_gate(new: dict[str, Any], old: dict[str, Any] | None,
-                    promote: PromoteSpec) -> GateResult:
-    """Compare a new champion record with the current one (see the module docstring)."""
+def regression_gate(new: ChampionRecord, old: ChampionRecord | None, promote: PromoteSpec,
+                    decisions: Sequence[Decision]) -> GateResult:
+    """Compare a new champion record (from `decisions`) with the current one (see the module
+    docstring)."""
     if old is None:
         return GateResult(True)
-    if old.get("schema") != SCHEMA_VERSION:
-        return GateResult(True, notes=(f"the previous champion's file format {old.get('schema')} "
-                                       f"is not {SCHEMA_VERSION}; not compared",))
+    if old.schema_version != SCHEMA_VERSION:
+        return GateResult(True, notes=(f"the previous champion's file format "
+                                       f"{old.schema_version} is not {SCHEMA_VERSION}; "
+                                       "not compared",))
     regressions, excused, drops = [], [], []
-    old_bands = {b["band"]: b for b in old["bands"]}
-    new_bands = {b["band"] for b in new["bands"]}
+    old_bands = {b.band: b for b in old.bands}
+    new_bands = {b.band for b in new.bands}
     notes = [f"band {b} was decided only by the {which} champion; not compared"
              for which, only in (("previous", set(old_bands) - new_bands),
                                  ("new", new_bands - set(old_bands))) for b in sorted(only)]
-    for nb in new["bands"]:
-        ob = old_bands.get(nb["band"])
+    for nb in new.bands:
+        ob = old_bands.get(nb.band)
         if ob is None:
             continue
-        label = nb["band"]
-        claim = ob["speedup"]["estimate"]
+        label = nb.band
+        claim = ob.speedup.estimate
         floor = claim * (1 - promote.tie_tolerance)
-        remeasured = _measured(new, label, ob["engine_hash"]) if ob["engine_hash"] else None
-        if nb["speedup"]["hi"] < floor:
-            what = (f"band {label}: new {nb['engine'] or 'off'} reaches at most "
-                    f"{nb['speedup']['hi']:.3f}x, below the {claim:.3f}x the champion "
-                    f"{ob['engine']} was promoted for")
+        remeasured = _measured(decisions, label, ob.engine_hash) if ob.engine_hash else None
+        if nb.speedup.hi < floor:
+            what = (f"band {label}: new {nb.engine or 'off'} reaches at most "
+                    f"{nb.speedup.hi:.3f}x, below the {claim:.3f}x the champion "
+                    f"{ob.engine} was promoted for")
             if remeasured is None:
-                regressions.append(f"{what}, and this sweep did not re-measure {ob['engine']}; "
+                regressions.append(f"{what}, and this sweep did not re-measure {ob.engine}; "
                                    "include it in the sweep or promote with force")
             else:
-                now = remeasured["worst"]["speedup"]["value"] if remeasured["worst"] else None
+                now = remeasured.worst.speedup.value if remeasured.worst else None
                 state = f"{now:.3f}x" if now is not None else "unmeasurable"
-                excused.append(f"{what}; re-measured here, {ob['engine']} now gives {state}"
-                               + (f" and is rejected ({remeasured['rejected'][0]['gate']})"
-                                  if remeasured["rejected"] else ""))
-        old_curve = ob["per_position_acceptance"]
+                excused.append(f"{what}; re-measured here, {ob.engine} now gives {state}"
+                               + (f" and is rejected ({remeasured.rejected[0].gate})"
+                                  if remeasured.rejected else ""))
+        old_curve = ob.per_position_acceptance
         if not old_curve:
             continue
-        new_curve = (remeasured or {}).get("per_position_acceptance") or (
-            nb["per_position_acceptance"] if nb["drafter"] == ob["drafter"] else [])
+        new_curve = (remeasured.per_position_acceptance if remeasured else ()) or (
+            nb.per_position_acceptance if nb.drafter == ob.drafter else ())
         for i, (a, b) in enumerate(zip(old_curve, new_curve, strict=False)):
             if a - b > promote.acceptance_drop:
-                drops.append(f"band {label}: {ob['drafter']} acceptance at position {i + 1} fell "
+                drops.append(f"band {label}: {ob.drafter} acceptance at position {i + 1} fell "
                              f"{a:.3f} -> {b:.3f} (> {promote.acceptance_drop:.3f})")
     return GateResult(not regressions, tuple(regressions), tuple(excused), tuple(drops),
                       tuple(notes))
 
 
-def _version(record: dict[str, Any], now: dt.datetime) -> str:
-    blob = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+def _version(record: ChampionRecord, now: dt.datetime) -> str:
+    blob = json.dumps(record.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                      default=str)
     return f"{now:%Y%m%dT%H%M%S%fZ}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
@@ -316,42 +432,45 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
                      result.traffic_class)
     now = now or dt.datetime.now(dt.UTC)
     record = build_record(result, engines, promote)
+    version = _version(record, now)
     with _locked(cdir):
         old = champion(cdir.parent, result.traffic_class)
+        previous = _plain(old.version) if old is not None else None
+        stamp: dict[str, Any] = {**dict(record), "version": version,
+                                 "created_at": now.isoformat(), "previous": previous}
         if any(d.outcome == "unresolved" for d in result.decisions) and not force:
             # Never promote on an undecided band, not even "off": the champion stays.
-            version = _version(record, now)
-            record.update(version=version, created_at=now.isoformat(),
-                          previous=old["version"] if old else None)
+            unresolved = VersionedRecord(**stamp)
             path = cdir / "unresolved" / f"{version}.json"
-            atomic_write_json(path, record, before_replace)
-            return Promotion(result.traffic_class, "unresolved", version, path,
-                             record["previous"], GateResult(True), record)
-        if old is not None and not force and \
-                _version(record, now).split("-", 1)[1] == old["version"].split("-", 1)[1]:
+            _write(path, unresolved, before_replace)
+            return Promotion(result.traffic_class, "unresolved", version, path, previous,
+                             GateResult(True), unresolved)
+        if old is not None and previous is not None and not force and \
+                version.split("-", 1)[1] == previous.split("-", 1)[-1]:
             # the same evidence again (a resumed or re-validated sweep with nothing new)
-            return Promotion(result.traffic_class, "unchanged", old["version"], cdir / CHAMPION,
-                             old.get("previous"), GateResult(True), old)
-        gate = regression_gate(record, old, promote)
+            return Promotion(result.traffic_class, "unchanged", previous, cdir / CHAMPION,
+                             _plain(old.previous), GateResult(True), old)
+        gate = regression_gate(record, old, promote, result.decisions)
         if force and not gate.passed:
             gate = dataclasses.replace(gate, passed=True, forced=True)
-        version = _version(record, now)
-        record.update(version=version, created_at=now.isoformat(),
-                      previous=old["version"] if old else None,
-                      gate=to_json(gate))
+        gated = GatedRecord(**stamp, gate=gate)
         if not gate.passed:
             path = cdir / "refused" / f"{version}.json"
-            atomic_write_json(path, record, before_replace)
-            return Promotion(result.traffic_class, "refused", version, path, record["previous"],
-                             gate, record)
+            _write(path, gated, before_replace)
+            return Promotion(result.traffic_class, "refused", version, path, previous, gate,
+                             gated)
         path = cdir / CHAMPION
-        atomic_write_json(path, record, before_replace)
-        atomic_write_json(cdir / "history" / f"{version}.json", record, before_replace)
-    promotion = Promotion(result.traffic_class, "promoted", version, path, record["previous"],
-                          gate, record)
+        _write(path, gated, before_replace)
+        _write(cdir / "history" / f"{version}.json", gated, before_replace)
+    promotion = Promotion(result.traffic_class, "promoted", version, path, previous, gate, gated)
     if on_promoted is not None:
         on_promoted(promotion)
     return promotion
+
+
+def _plain(version: JsonValue) -> str | None:
+    """A version read from a file, if it is a plain version name."""
+    return version if is_plain_name(version) else None
 
 
 def promote_all(analysis: Analysis, engines: Mapping[str, EngineConfig], promote: PromoteSpec,
@@ -380,16 +499,15 @@ def restore(output_dir: str | Path, traffic_class: str, version: str | None = No
             raise PromotionError(f"traffic class {traffic_class!r} has no version {version!r}; "
                                  f"known: {history(output_dir, traffic_class)}")
         record = _read(path)
-        atomic_write_json(cdir / CHAMPION, record)
-    was = current.get("version") if current else None
+        _write(cdir / CHAMPION, record)
     restored = Promotion(traffic_class, "restored", version, cdir / CHAMPION,
-                         was if is_plain_name(was) else None, GateResult(True), record)
+                         _plain(current.version) if current else None, GateResult(True), record)
     if on_restored is not None:
         on_restored(restored)
     return restored
 
 
-def _previous(output_dir: str | Path, traffic_class: str, current: dict[str, Any] | None,
+def _previous(output_dir: str | Path, traffic_class: str, current: GatedRecord | None,
               unreadable: PromotionError | None) -> str:
     """The version the current champion replaced (restore's default), checked."""
     name_one = (f"name the version to restore: restore {traffic_class} VERSION; known: "
@@ -397,7 +515,7 @@ def _previous(output_dir: str | Path, traffic_class: str, current: dict[str, Any
     if unreadable is not None:
         raise PromotionError(f"the current champion of traffic class {traffic_class!r} is "
                              f"unreadable ({unreadable}); {name_one}")
-    previous = current.get("previous") if current else None
+    previous = current.previous if current else None
     if previous is None:
         raise PromotionError(f"traffic class {traffic_class!r} has no previous champion "
                              "to restore")
@@ -405,4 +523,4 @@ def _previous(output_dir: str | Path, traffic_class: str, current: dict[str, Any
         raise PromotionError(f"the current champion of traffic class {traffic_class!r} names "
                              f"previous version {previous!r}, which is not a plain version "
                              f"name; {name_one}")
-    return str(previous)
+    return previous

@@ -186,7 +186,7 @@ def _speedups(ok: Sequence[PointStats], inputs: _BandInputs) -> list[PointSpeedu
         out.append(PointSpeedup(
             p.workload, p.concurrency, Estimate(c.speedup, lo, hi, promote.confidence),
             c.n_windows, c.n_baseline_windows, c.cv, c.p_above(1 + promote.margin),
-            c.n_blocks, c.n_baseline_blocks, c.replicated))
+            c.n_starts, c.n_baseline_starts, c.replicated))
     return out
 
 
@@ -533,14 +533,14 @@ def _placed(opening: list[Measurement], closing: list[Measurement]
     hashes = sorted({m.key.engine_hash for m in opening if m.method != BASELINE_METHOD})
     order = {h: i + 1 for i, h in enumerate(hashes)}
     last = len(hashes) + 1
-    first_block = {m.key.engine_hash: m.key.block for m in opening}
+    first_start = {m.key.engine_hash: m.key.start for m in opening}
 
     def place(m: Measurement, is_closing: bool) -> Measurement:
         if m.seq >= 0:
             return m
         if is_closing:
-            block = max(m.key.block, first_block.get(m.key.engine_hash, 0) + 1)
-            return dataclasses.replace(m, seq=last, key=dataclasses.replace(m.key, block=block))
+            start = max(m.key.start, first_start.get(m.key.engine_hash, 0) + 1)
+            return dataclasses.replace(m, seq=last, key=dataclasses.replace(m.key, start=start))
         return dataclasses.replace(m, seq=order.get(m.key.engine_hash, 0))
 
     return [place(m, False) for m in opening], [place(m, True) for m in closing]
@@ -573,7 +573,7 @@ def _class_verdicts(traffic_class: str, bands: Sequence[Band], band_notes: Seque
              for d in drift_steps([b for b in bs if b.engine_hash == baseline_hash],
                                          noise[(w, c)])]
     notes = list(band_notes)
-    if not any(b.engine_hash == baseline_hash and b.block > 0 for bs in mine.values()
+    if not any(b.engine_hash == baseline_hash and b.start > 0 for bs in mine.values()
                for b in bs):
         notes.append("the baseline was measured on one engine start only: drift unchecked")
     if not all(n.replicated for n in noise.values()):

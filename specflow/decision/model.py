@@ -1,15 +1,19 @@
 """The decision's records: per-point statistics, speedups, gates' reasons, candidate verdicts,
-band decisions, deployments per traffic class, and the analysis that holds them."""
+band decisions, deployments per traffic class, and the analysis that holds them.
+
+`as_json` serialises any of them with pydantic: the fields, then the properties marked
+`computed_field` (the JSON's derived values); fields marked `Field(exclude=True)` stay out."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, TypeAdapter, computed_field
 
 BASELINE_METHOD = "none"
 """`Measurement.method` of the no-speculation baseline."""
@@ -66,15 +70,22 @@ class PointStats:
     mean_acceptance_length: float | None
     per_position_acceptance: tuple[float, ...]
     """Median over repeats of accepted_at_position_i / drafts."""
-    digests: tuple[tuple[str, ...], ...] = field(default=(), metadata={"json": False})
-    """Per usable repeat: per-request output digests (quality gate)."""
-    prompt_hashes: tuple[str, ...] = field(default=(), metadata={"json": False})
-    """Per usable repeat: the prompt content hash."""
+    digests: Annotated[tuple[tuple[str, ...], ...], Field(exclude=True)] = ()
+    """Per usable repeat: per-request output digests (quality gate; not in the JSON)."""
+    prompt_hashes: Annotated[tuple[str, ...], Field(exclude=True)] = ()
+    """Per usable repeat: the prompt content hash (not in the JSON)."""
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def label(self) -> str:
+        return f"{self.engine} ({self.engine_hash}) at {self.workload} c={self.concurrency}"
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def n_ok(self) -> int:
         return len(self.values)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def n_failed(self) -> int:
         return sum(self.failures.values())
@@ -82,10 +93,6 @@ class PointStats:
     @property
     def is_baseline(self) -> bool:
         return self.method == BASELINE_METHOD
-
-    @property
-    def label(self) -> str:
-        return f"{self.engine} ({self.engine_hash}) at {self.workload} c={self.concurrency}"
 
 
 @dataclass(frozen=True)
@@ -141,10 +148,12 @@ class QualityLevel:
     passed: bool
     """`diff_lo` does not exceed the tolerance."""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def candidate_rate(self) -> float:
         return self.candidate_mismatches / self.candidate_pairs if self.candidate_pairs else 0.0
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def baseline_rate(self) -> float:
         return self.baseline_mismatches / self.baseline_pairs if self.baseline_pairs else 0.0
@@ -169,11 +178,13 @@ class QualityCheck:
     problem: str | None = None
     """Why the gate could not be evaluated (it then fails)."""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def fraction(self) -> float:
         """The worst level's candidate mismatch rate."""
         return max((lv.candidate_rate for lv in self.levels), default=0.0)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def summary(self) -> str:
         """One line: mismatched / compared pairs per level, the candidate's vs the baseline's."""
@@ -217,6 +228,7 @@ class Verdict:
     per_position_acceptance: tuple[float, ...] = ()
     acceptance_rate: float | None = None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def score(self) -> float | None:
         """Conservative score: the band's speedup lower bound."""
@@ -234,6 +246,7 @@ class Band:
     lo: int
     hi: int
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def label(self) -> str:
         return f"c{self.lo}" if self.lo == self.hi else f"c{self.lo}-{self.hi}"
@@ -260,6 +273,7 @@ class Decision:
     unresolved: str = ""
     """Why the band is undecided (racing ran out of budget or looks); never promoted."""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def outcome(self) -> Literal["speculate", "off", "unresolved"]:
         if self.winner is not None:
@@ -323,23 +337,20 @@ class Analysis:
         return sum(p.n_failed for p in (*self.points, *self.closing))
 
 
-def to_json(obj: Any) -> Any:
-    """Plain JSON data for any record of this module (fields marked json=False are left out)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-               if f.metadata.get("json", True)}
-        for prop in ("label", "outcome", "score", "fraction", "flagged", "n_ok", "n_failed",
-                     "candidate_rate", "baseline_rate", "summary"):
-            if hasattr(type(obj), prop):
-                out[prop] = to_json(getattr(obj, prop))
-        return out
-    if isinstance(obj, Mapping):
-        return {str(k): to_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        items = [to_json(v) for v in obj]
-        return sorted(items) if isinstance(obj, (set, frozenset)) else items
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, np.generic):
-        return to_json(obj.item())
-    return obj
+@functools.cache
+def _adapter(tp: type[object]) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
+
+
+def _numpy_scalar(value: Any) -> Any:
+    """A numpy scalar that reached a record (from aggregation) as its Python value."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def as_json(record: object) -> Any:
+    """Plain JSON data of a record of this module, or of a tuple of them (fields, then computed
+    fields; non-finite floats become null: JSON has no inf or nan)."""
+    if isinstance(record, tuple):
+        return [as_json(r) for r in record]
+    adapter = _adapter(type(record))  # type: ignore[arg-type]  # (mypy: types are hashable)
+    return json.loads(adapter.dump_json(record, warnings=False, fallback=_numpy_scalar))

@@ -94,11 +94,11 @@ class Window:
     """Generate max_tokens even past EOS."""
     stop: tuple[str, ...] = ()
     """Stop strings sent with every request."""
-    block: int = 0
+    start: int = 0
     """Which engine start of the config this window belongs to."""
 
     def key(self, ec: EngineConfig) -> WindowKey:
-        return WindowKey(ec.hash, self.workload, self.concurrency, self.repeat, self.block)
+        return WindowKey(ec.hash, self.workload, self.concurrency, self.repeat, self.start)
 
 
 def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, Path],
@@ -591,8 +591,8 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
     gen = make_load_generator(load_generator, backend.vllm_command,
                               bench_env(backend.env, api_key=engine.api_key),
                               engine_dir / f"{ec.name}-{ec.hash}.loadgen.log")
-    start = f"-b{todo[0].block}" if todo[0].block else ""
-    record = _EngineRecord(engine_dir / f"{ec.name}-{ec.hash}{start}.json", ec, engine, gen)
+    suffix = f"-b{todo[0].start}" if todo[0].start else ""
+    record = _EngineRecord(engine_dir / f"{ec.name}-{ec.hash}{suffix}.json", ec, engine, gen)
     try:
         failure = _start(engine, gen)
         if failure is not None and failure[0] == "start_failed":

@@ -1,9 +1,9 @@
 """What the installed vLLM accepts: its SpeculativeConfig fields and method names.
 
 Runs a small script in the vLLM environment (which may differ from specflow's) and caches the
-answer per interpreter and vLLM version, so only the first call pays for importing vLLM. The
-cache is checked on every read: a file that is unreadable or not a complete answer is a miss
-(checked again and rewritten), never an error.
+answer (`CheckAnswer`) per interpreter and vLLM version, so only the first call pays for
+importing vLLM. The cache is validated on every read: a file that is unreadable or not a complete
+answer is a miss (checked again and rewritten), never an error.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specflow.records.fsio import atomic_write_json
 from specflow.spec.errors import Problem, did_you_mean, one_of
@@ -70,6 +72,21 @@ try:
 except ValueError as e:
     print(json.dumps({"error": str(e)}))
 """
+
+
+class CheckAnswer(BaseModel):
+    """What `_CHECK_SCRIPT` prints about one installed vLLM, as the cache keeps it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    methods: tuple[str, ...]
+    """SpeculativeConfig's method names."""
+    mtp_aliases: tuple[str, ...]
+    """Model types vLLM maps to its MTP method."""
+    fields: tuple[str, ...]
+    """SpeculativeConfig's user-settable fields."""
+    torch: str | None = None
+    """The torch version beside it."""
 
 
 class VllmCheckError(RuntimeError):
@@ -131,19 +148,7 @@ def cache_dir() -> Path:
     return Path(base) / "vllm-check"
 
 
-_LISTS = ("methods", "mtp_aliases", "fields")
-"""Keys of a vLLM-check answer that hold lists of names."""
-
-
-def _valid(data: Any) -> bool:
-    """Whether `data` is a complete vLLM-check answer (see _CHECK_SCRIPT)."""
-    return isinstance(data, dict) \
-        and all(isinstance(data.get(k), list) and all(isinstance(v, str) for v in data[k])
-                for k in _LISTS) \
-        and isinstance(data.get("torch"), str | None)
-
-
-def _read_cache(path: Path) -> dict[str, Any] | None:
+def _read_cache(path: Path) -> CheckAnswer | None:
     """The cached vLLM-check answer at `path`; None for a miss (absent, unreadable or malformed)."""
     try:
         data = json.loads(path.read_bytes())
@@ -152,16 +157,17 @@ def _read_cache(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
         log.warning("vLLM-check cache %s is unreadable (%s); checking vLLM again", path, exc)
         return None
-    if not _valid(data):
+    try:
+        return CheckAnswer.model_validate(data)
+    except ValidationError:
         log.warning("vLLM-check cache %s is not a complete answer; checking vLLM again", path)
         return None
-    return data
 
 
-def _write_cache(path: Path, data: dict[str, Any]) -> None:
+def _write_cache(path: Path, answer: CheckAnswer) -> None:
     """Keep a vLLM-check answer; a cache that cannot be written only costs the next call a check."""
     try:
-        atomic_write_json(path, data)
+        atomic_write_json(path, answer.model_dump(mode="json"))
     except OSError as exc:
         log.warning("cannot write the vLLM-check cache %s (%s)", path, exc)
 
@@ -177,15 +183,17 @@ def facts(vllm_command: Sequence[str] | None = None, use_cache: bool = True) -> 
     version = versions[dist]
     key = hashlib.sha256(f"{python}|{dist}|{version}".encode()).hexdigest()[:16]
     path = cache_dir() / f"{dist}-{version}-{key}.json"
-    data = _read_cache(path) if use_cache else None
-    if data is None:
+    answer = _read_cache(path) if use_cache else None
+    if answer is None:
         data = _run(python, _CHECK_SCRIPT)
-        if not _valid(data):
+        try:
+            answer = CheckAnswer.model_validate(data)
+        except ValidationError:
             raise VllmCheckError(f"probing vLLM with {python} gave an unexpected answer: "
-                             f"{json.dumps(data)[:300]}")
-        _write_cache(path, data)
-    return VllmFacts(dist, version, tuple(data["methods"]), tuple(data["mtp_aliases"]),
-                     tuple(data["fields"]), data.get("torch"))
+                                 f"{json.dumps(data)[:300]}") from None
+        _write_cache(path, answer)
+    return VllmFacts(dist, version, answer.methods, answer.mtp_aliases, answer.fields,
+                     answer.torch)
 
 
 def check_speculative_config(f: VllmFacts, cfg: dict[str, Any], path: str) -> list[Problem]:

@@ -1,12 +1,15 @@
 """Frozen measurement records: what one measured window produced, as vLLM reported it.
 
-The runner creates them, tracking logs them, analysis reads them. Pure data, JSON round-trip.
+The runner creates them, tracking logs them, analysis reads them. Pure data; `MEASUREMENT`
+validates one read back from JSON and serialises it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, with_config
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 """vLLM bench's latency families (milliseconds)."""
@@ -14,6 +17,11 @@ LATENCY_STATS = ("mean", "median", "p50", "p90", "p99")
 """Statistics kept per family; keys are vLLM's, e.g. `p99_tpot_ms`, `mean_ttft_ms`."""
 
 
+_RECORD = ConfigDict(extra="forbid")
+"""A record read back has exactly its fields (a stray key makes it unreadable, not ignored)."""
+
+
+@with_config(_RECORD)
 @dataclass(frozen=True)
 class WindowKey:
     """Identifies one measured window of a sweep."""
@@ -26,15 +34,24 @@ class WindowKey:
     """Max in-flight requests."""
     repeat: int
     """Repeat index within the engine start, from 0."""
-    block: int = 0
-    """Which engine start of this config (0 = its first); the replicate unit."""
+    start: Annotated[int, Field(validation_alias=AliasChoices("start", "block"))] = 0
+    """Which engine start of this config (0 = its first); the replicate unit. Read from
+    `block` too, the key's name in older ledgers."""
 
     @property
     def id(self) -> str:
-        start = f"/b{self.block}" if self.block else ""
-        return f"{self.engine_hash}{start}/{self.workload}/c{self.concurrency}/r{self.repeat}"
+        """The window's identity in the ledger and MLflow (`/b<n>` marks a later start)."""
+        suffix = f"/b{self.start}" if self.start else ""
+        return f"{self.engine_hash}{suffix}/{self.workload}/c{self.concurrency}/r{self.repeat}"
+
+    @property
+    def block(self) -> int:
+        """`start` under its old name: `decision/aggregate.py` still reads it (being edited
+        elsewhere); remove once that says `start`."""
+        return self.start
 
 
+@with_config(_RECORD)
 @dataclass(frozen=True)
 class RequestStats:
     """One request of a window (the window keeps them in dataset order): its lengths and
@@ -67,6 +84,7 @@ class RequestStats:
             self.latency_s > 0 else None
 
 
+@with_config(_RECORD)
 @dataclass(frozen=True)
 class Measurement:
     """One measured window (engine config x workload x concurrency x repeat)."""
@@ -140,17 +158,7 @@ class Measurement:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["per_position_acceptance"] = list(self.per_position_acceptance)
-        out["output_digests"] = list(self.output_digests)
-        return out
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Measurement:
-        data = dict(data)
-        data["key"] = WindowKey(**data["key"])
-        data["per_position_acceptance"] = tuple(data.get("per_position_acceptance") or ())
-        data["output_digests"] = tuple(data.get("output_digests") or ())
-        data["requests"] = tuple(RequestStats(**r) for r in data.get("requests") or ())
-        return cls(**data)
+MEASUREMENT = TypeAdapter(Measurement)
+"""Validates a measurement read back from JSON (a ledger window, a tracked record) and
+serialises one: `MEASUREMENT.dump_python(m, mode="json")`."""

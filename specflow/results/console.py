@@ -20,8 +20,8 @@ def window_line(m: Measurement) -> str:
     """One measured window as a plain line (the flow-run log, a console without a terminal)."""
     state = "ok" if m.ok else f"FAILED {m.failure or 'unknown'}"
     acc = f", acceptance {m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
-    block = f" b{m.key.block}" if m.key.block else ""
-    return (f"{m.engine} {m.key.workload} c{m.key.concurrency}{block} r{m.key.repeat}: {state}, "
+    start = f" b{m.key.start}" if m.key.start else ""
+    return (f"{m.engine} {m.key.workload} c{m.key.concurrency}{start} r{m.key.repeat}: {state}, "
             f"{m.output_throughput:.1f} tok/s{acc}")
 
 
@@ -72,9 +72,9 @@ class SweepProgress:
         if self._bar is not None:
             state = "ok" if m.ok else f"[red]{escape(m.failure or 'failed')}[/]"
             extra = f" acc={m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
-            block = f"b{m.key.block} " if m.key.block else ""
+            start = f"b{m.key.start} " if m.key.start else ""
             self._bar.update(self._task, advance=1, last=(
-                f"{escape(m.engine)} {escape(m.key.workload)} c{m.key.concurrency} {block}"
+                f"{escape(m.engine)} {escape(m.key.workload)} c{m.key.concurrency} {start}"
                 f"r{m.key.repeat}: {state} {m.output_throughput:.1f} tok/s{extra}"))
             return
         start = (m.seq, m.key.engine_hash)

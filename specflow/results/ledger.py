@@ -6,6 +6,9 @@ finished windows, re-runs failed ones and pushes windows MLflow never received.
 A window file that cannot be read back (torn, empty, binary, of the wrong shape) is moved into
 `windows/quarantine/` with a warning and its window counts as missing, so the re-run measures it
 again instead of failing on it.
+
+Every file here has one pydantic model that validates and serialises it: `Entry` (a window
+file), `Lease` (a unit's lease) and `EngineStartEvent` (a line of `events.jsonl`).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from specflow.records.fsio import atomic_write_json, fsync_dir
 from specflow.records.measurement import Measurement
@@ -36,23 +40,64 @@ def sweep_id(plan_hash: str, vllm_version: str, measured: Mapping[str, Any]) -> 
     return hashlib.sha256(f"{plan_hash}|{vllm_version}|{blob}".encode()).hexdigest()[:16]
 
 
-def renew_lease(path: Path | str, **fields: Any) -> None:
-    """Renew a lease (`Ledger.lease_path`): now, this process and `fields`. Needs no opened
-    sweep, so a worker takes its lease before the slow work of opening one."""
+class Lease(BaseModel):
+    """One renewal of a unit's lease (`Ledger.lease_path`): when, by which process, for which
+    flow run, where."""
+
+    model_config = ConfigDict(frozen=True)
+
+    t: float
+    """When it was renewed (Unix time)."""
+    pid: int
+    """The renewing process."""
+    flow_run_id: str | None = None
+    """The Prefect flow run measuring the unit."""
+    host: str | None = None
+    """The worker's host name."""
+    devices: tuple[str, ...] | None = None
+    """The worker's device ids (None: every device visible)."""
+
+
+def renew_lease(path: Path | str, *, flow_run_id: str | None = None, host: str | None = None,
+                devices: Sequence[str] | None = None) -> None:
+    """Renew a lease (`Ledger.lease_path`): now, this process and what is given. Needs no
+    opened sweep, so a worker takes its lease before the slow work of opening one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"t": time.time(), "pid": os.getpid(), **fields})
+    lease = Lease(t=time.time(), pid=os.getpid(), flow_run_id=flow_run_id, host=host,
+                  devices=devices)
+    atomic_write_json(path, lease.model_dump(mode="json"))
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One window as the ledger holds it."""
+class Entry(BaseModel):
+    """One window as the ledger holds it (a window file)."""
+
+    model_config = ConfigDict(frozen=True)
 
     measurement: Measurement
     run_id: str | None
     """MLflow child run id once logged."""
-    logged: bool
+    logged: StrictBool
     """Whether MLflow has the final state of this window."""
+
+
+class EngineStartEvent(BaseModel):
+    """One line of `events.jsonl`: an engine started for the sweep (what, when, where)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    t: float
+    """When (Unix time)."""
+    event: Literal["engine_start"] = "engine_start"
+    pid: int
+    """The process that started it."""
+    engine: str
+    """EngineConfig.name."""
+    hash: str
+    """EngineConfig.hash."""
+    host: str
+    devices: tuple[str, ...] | None
+    """The device ids it was given (None: every device visible)."""
 
 
 class Ledger:
@@ -74,15 +119,16 @@ class Ledger:
         """Keep a finished (or failed) window, not yet logged to MLflow."""
         old = self.get(m.key.id)
         run_id = run_id or (old.run_id if old else None)
-        atomic_write_json(self._path(m.key.id), {"measurement": m.to_json(), "run_id": run_id,
-                                             "logged": False})
+        self._write(Entry(measurement=m, run_id=run_id, logged=False))
 
     def mark_logged(self, window_id: str, run_id: str) -> None:
         entry = self.get(window_id)
         if entry is None:
             raise KeyError(window_id)
-        atomic_write_json(self._path(window_id), {"measurement": entry.measurement.to_json(),
-                                             "run_id": run_id, "logged": True})
+        self._write(entry.model_copy(update={"run_id": run_id, "logged": True}))
+
+    def _write(self, entry: Entry) -> None:
+        atomic_write_json(self._path(entry.measurement.key.id), entry.model_dump(mode="json"))
 
     def get(self, window_id: str) -> Entry | None:
         """The window's entry; None when it has none (or its file was bad and is moved aside)."""
@@ -94,27 +140,17 @@ class Ledger:
     def _read(self, path: Path) -> Entry | None:
         """The entry in a window file, or None after quarantining a file that is not one."""
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            entry = Entry(Measurement.from_json(data["measurement"]), data["run_id"],
-                          data["logged"])
-            problem = self._shape_problem(path, entry)
+            entry = Entry.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             return None  # moved aside meanwhile by another reader
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # JSON, UTF-8, shape
-            problem = f"{type(exc).__name__}: {exc}"
-        if problem is None:
-            return entry
+        except ValueError as exc:  # JSON, UTF-8, or the shape (pydantic's ValidationError)
+            problem = " ".join(f"{type(exc).__name__}: {exc}".split())  # on one line
+        else:
+            window = entry.measurement.key.id
+            if self._path(window) == path:
+                return entry
+            problem = f"it holds window {window!r}"
         self._quarantine(path, problem)
-        return None
-
-    def _shape_problem(self, path: Path, entry: Entry) -> str | None:
-        """What is wrong with a parsed entry (None: nothing); it must be this file's window."""
-        m = entry.measurement
-        if self._path(m.key.id) != path:
-            return f"it holds window {m.key.id!r}"
-        if not isinstance(entry.logged, bool) or not isinstance(entry.run_id, str | None) \
-                or m.status not in ("ok", "failed"):
-            return "run_id, logged or status has the wrong type"
         return None
 
     def _quarantine(self, path: Path, problem: str) -> None:
@@ -153,34 +189,35 @@ class Ledger:
         sweep declares the unit lost when it stops being renewed (see `renew_lease`)."""
         return self.dir / "leases" / f"{unit}.json"
 
-    def lease(self, unit: str) -> dict[str, Any] | None:
+    def lease(self, unit: str) -> Lease | None:
         """The last renewal of `unit`'s lease (None: never taken, or unreadable)."""
         try:
-            data = json.loads(self.lease_path(unit).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return Lease.model_validate_json(self.lease_path(unit).read_bytes())
+        except (OSError, ValueError):  # ValueError: pydantic's ValidationError
             return None
-        return data if isinstance(data, dict) and isinstance(data.get("t"), float) else None
 
-    def event(self, kind: str, **fields: Any) -> None:
-        """Append an event (engine start, engine failure, ...) to events.jsonl."""
-        line = json.dumps({"t": time.time(), "event": kind, "pid": os.getpid(), **fields})
+    def engine_started(self, engine: str, engine_hash: str, host: str,
+                       devices: Sequence[str] | None) -> None:
+        """Append an engine start to events.jsonl."""
+        event = EngineStartEvent(t=time.time(), pid=os.getpid(), engine=engine, hash=engine_hash,
+                                 host=host, devices=devices)
         with open(self.dir / "events.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+            fh.write(json.dumps(event.model_dump(mode="json")) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+    def engine_starts(self) -> list[EngineStartEvent]:
+        """The engine starts in events.jsonl, in order (a torn line is skipped)."""
         path = self.dir / "events.jsonl"
         if not path.is_file():
             return []
         out = []
         for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(),
                                  1):
-            try:
-                event = json.loads(line) if line else None
-            except ValueError:  # a line torn by a kill mid-append
-                log.warning("%s:%d is not a JSON event; skipped", path, n)
+            if not line:
                 continue
-            if isinstance(event, dict) and (kind is None or event.get("event") == kind):
-                out.append(event)
+            try:
+                out.append(EngineStartEvent.model_validate_json(line))
+            except ValueError:  # a line torn by a kill mid-append (pydantic's ValidationError)
+                log.warning("%s:%d is not a JSON event; skipped", path, n)
         return out

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specflow.champions.promote import Promotion
-from specflow.records.measurement import Measurement
+from specflow.records.measurement import MEASUREMENT, Measurement
 from specflow.spec.compile import EngineConfig, SweepPlan
 
 log = logging.getLogger("specflow.results.tracking")
@@ -198,7 +198,7 @@ class Tracker:
                 self.client.log_artifact(run_id, str(spec_file))
                 self.client.log_artifact(run_id, str(argv_file))
             record = Path(tmp) / "measurement.json"
-            record.write_text(json.dumps(m.to_json(), indent=1))
+            record.write_text(json.dumps(MEASUREMENT.dump_python(m, mode="json"), indent=1))
             self.client.log_artifact(run_id, str(record))
         for f in files:
             if Path(f).is_file():
@@ -253,6 +253,6 @@ class Tracker:
         mv = self.client.create_model_version(
             name, f"runs:/{parent_id}/promoted/{cls}", run_id=parent_id,
             tags={"specflow.version": promotion.version,
-                  "specflow.decision": str(promotion.record.get("outcome", ""))})
+                  "specflow.decision": promotion.record.outcome})
         self.client.set_registered_model_alias(name, "champion", mv.version)
         return str(mv.version)

@@ -79,11 +79,11 @@ class EngineStart:
     repeats: int
     round: int
     seq: int
-    block: int
+    start: int
 
     def window_keys(self) -> list[WindowKey]:
         """Its windows: repeats outermost, so drift spreads over every point."""
-        return [WindowKey(self.engine_hash, w, c, r, self.block)
+        return [WindowKey(self.engine_hash, w, c, r, self.start)
                 for r in range(self.repeats) for w, c in self.points]
 
 
@@ -104,7 +104,7 @@ def spent_by(ms: Sequence[Measurement]) -> Spent:
     per_start: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
     for m in ms:
         if m.failure != "refused_by_headroom":
-            per_start[(m.key.engine_hash, m.key.block)].append(m)
+            per_start[(m.key.engine_hash, m.key.start)].append(m)
     seconds = sum(max(m.engine_s for m in w) for w in per_start.values())
     return Spent(seconds, sum(len(w) for w in per_start.values()), len(per_start))
 
@@ -116,7 +116,7 @@ def _costs(ms: Sequence[Measurement], shape: Shape) -> tuple[float, float]:
     per_start: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
     for m in ms:
         if m.engine_s > 0:
-            per_start[(m.key.engine_hash, m.key.block)].append(m)
+            per_start[(m.key.engine_hash, m.key.start)].append(m)
     overheads = [max(m.engine_s for m in w) - sum(m.duration_s for m in w)
                  for w in per_start.values()]
     start_s = max(0.0, sum(overheads) / len(overheads)) if overheads else shape.start_s
@@ -148,8 +148,8 @@ def split_baseline(data: Sequence[Measurement], baseline: str
                    ) -> tuple[list[Measurement], list[Measurement]]:
     """Every window but the baseline's later engine starts, and those (what `analyze` takes as
     measurements and closing_baseline)."""
-    later = [m for m in data if m.key.engine_hash == baseline and m.key.block > 0]
-    opening = [m for m in data if not (m.key.engine_hash == baseline and m.key.block > 0)]
+    later = [m for m in data if m.key.engine_hash == baseline and m.key.start > 0]
+    opening = [m for m in data if not (m.key.engine_hash == baseline and m.key.start > 0)]
     return opening, later
 
 

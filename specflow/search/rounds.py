@@ -1,7 +1,7 @@
 """The sweep's rounds, replayed from its records: what has been measured, what each round
 decided, and which engine starts come next.
 
-Everything here is a function of the records (`Measurement.round`, `.seq`, `.key.block`,
+Everything here is a function of the records (`Measurement.round`, `.seq`, `.key.start`,
 `.stage`, `.engine_s`): a resumed or retried sweep replays the finished rounds to the same
 states, finds the round with windows still missing and runs only those. Nothing else is stored.
 

@@ -117,7 +117,7 @@ def _check_schedules(shape: Shape, promote: PromoteSpec,
                 continue
             lo, hi = con.interval(promote.confidence)
             n = _n_at(check.schedule, c)
-            pts.append(SchedulePoint(w, c, n, con.speedup, lo, hi, con.n_blocks))
+            pts.append(SchedulePoint(w, c, n, con.speedup, lo, hi, con.n_starts))
             floor = 1.0 + promote.margin if n > 0 else 1.0 - promote.margin
             if hi < floor:
                 losses.append(f"{w} c={c} (N={n}): speedup {con.speedup:.3f} "

@@ -16,7 +16,7 @@ Model, per point (workload x concurrency), on log output throughput:
   start-to-start variation (racing, or more starts per config, fixes that).
 - Time-local baseline: each candidate start is compared with the baseline interpolated linearly
   in run order between the baseline starts around it (the nearest one where it has a neighbour
-  on one side only). A linear drift cancels; the contrast's variance counts every block it uses.
+  on one side only). A linear drift cancels; the contrast's variance counts every start it uses.
 - A speedup is exp(contrast) with a t interval (Satterthwaite-free: V's own df), and a one-sided
   p-value for "speedup <= 1 + margin".
 
@@ -54,7 +54,7 @@ class StartWindows:
     """The usable windows of one engine start at one point: the replicate unit."""
 
     engine_hash: str
-    block: int
+    start: int
     """Index of this start among the config's starts (0, 1, ...)."""
     seq: int
     """Position of the engine start in the sweep's run order (time)."""
@@ -73,11 +73,11 @@ class StartWindows:
 
 @dataclass(frozen=True)
 class StartNoise:
-    """The noise at one point: the variance of a block mean between engine starts (pooled over
+    """The noise at one point: the variance of a start's mean between engine starts (pooled over
     configs) and each config's variance between windows."""
 
-    v_block: float
-    """Variance of a block's mean log throughput between engine starts (m_bar windows)."""
+    v_start_mean: float
+    """Variance of a start's mean log throughput between engine starts (m_bar windows)."""
     df: float
     replicated: bool
     """False when the starts cannot carry an interval (see `start_noise`): windows are then
@@ -99,27 +99,27 @@ class StartNoise:
         pooled_df = sum(d for _, d in self.within.values())
         return self.cv ** 2 if pooled_df else 0.0
 
-    def block_var(self, engine_hash: str, m: int) -> tuple[float, float]:
-        """Variance of one block mean of `m` windows, and the df it is known with."""
+    def start_mean_var(self, engine_hash: str, m: int) -> tuple[float, float]:
+        """Variance of one start's mean of `m` windows, and the df it is known with."""
         w = self.window_var(engine_hash) / m
         if not self.replicated:
             return w, float(max(1, self.within.get(engine_hash, (0.0, 0))[1]))
-        # The start effect plus this config's window noise over its m windows (blocks may differ
+        # The start effect plus this config's window noise over its m windows (starts may differ
         # in size: racing adapts the windows per start to the noise).
         return self.start_var + w, self.df
 
     @property
     def start_var(self) -> float:
-        """Variance of the engine-start effect: the spread of block means beyond what their
+        """Variance of the engine-start effect: the spread of start means beyond what their
         windows explain (method of moments, floored at 0)."""
-        return max(0.0, self.v_block - self.cv ** 2 / self.m_bar)
+        return max(0.0, self.v_start_mean - self.cv ** 2 / self.m_bar)
 
     def start_var_upper(self, level: float) -> float:
-        """A `level` upper confidence bound of the start variance (chi-square on the block
-        variance's df): what sizing a measurement should assume when few starts back it."""
+        """A `level` upper confidence bound of the start variance (chi-square on the start
+        means' variance's df): what sizing a measurement should assume when few starts back it."""
         if not self.replicated or self.df < 1:
             return self.start_var
-        v_ub = self.v_block * self.df / float(stats.chi2.ppf(1 - level, self.df))
+        v_ub = self.v_start_mean * self.df / float(stats.chi2.ppf(1 - level, self.df))
         return max(0.0, v_ub - self.cv ** 2 / self.m_bar)
 
     def windows_per_start(self, start_s: float, window_s: float) -> float:
@@ -130,13 +130,13 @@ class StartNoise:
         return math.sqrt(start_s / max(window_s, 1e-9) * self.cv ** 2 / self.start_var)
 
 
-def start_noise(blocks: Sequence[StartWindows], baseline_hash: str) -> StartNoise:
+def start_noise(starts: Sequence[StartWindows], baseline_hash: str) -> StartNoise:
     """The noise at one point (see the module docstring). The between-start variance pools the
-    spread of block means over every config started more than once (the baseline's through
+    spread of start means over every config started more than once (the baseline's through
     successive differences, which a slow drift barely inflates)."""
     ss, df, df_cand = 0.0, 0, 0
     by_config: dict[str, list[StartWindows]] = defaultdict(list)
-    for b in blocks:
+    for b in starts:
         if b.m:
             by_config[b.engine_hash].append(b)
     within: dict[str, tuple[float, int]] = {}
@@ -159,7 +159,7 @@ def start_noise(blocks: Sequence[StartWindows], baseline_hash: str) -> StartNois
 
 
 def baseline_weights(seq: int, baseline: Sequence[StartWindows]) -> dict[int, float]:
-    """Weights over baseline blocks (by index in `baseline`) interpolating it at time `seq`."""
+    """Weights over baseline starts (by index in `baseline`) interpolating it at time `seq`."""
     order = sorted(range(len(baseline)), key=lambda i: baseline[i].seq)
     before = [i for i in order if baseline[i].seq <= seq]
     after = [i for i in order if baseline[i].seq > seq]
@@ -179,8 +179,8 @@ class Contrast:
     log_ratio: float
     se: float
     df: float
-    n_blocks: int
-    n_baseline_blocks: int
+    n_starts: int
+    n_baseline_starts: int
     n_windows: int
     n_baseline_windows: int
     replicated: bool
@@ -207,10 +207,11 @@ class Contrast:
 
 def contrast(candidate: Sequence[StartWindows], baseline: Sequence[StartWindows], noise: StartNoise
              ) -> Contrast | None:
-    """Candidate blocks vs the baseline interpolated at each of their times (None without data).
+    """Candidate starts vs the baseline interpolated at each of their times (None without data).
 
-    Each candidate block weighs 1/B; the baseline blocks weigh what the interpolation gives them.
-    The variance sums each block's, with Satterthwaite's degrees of freedom."""
+    Each candidate start weighs 1/B; the baseline starts weigh what the interpolation gives them.
+    The variance sums each start's, with Satterthwaite's degrees of freedom."""
+    # Written out: no library has a contrast against a baseline interpolated in run order.
     cand = [b for b in candidate if b.m]
     base = [b for b in baseline if b.m]
     if not cand or not base:
@@ -221,10 +222,10 @@ def contrast(candidate: Sequence[StartWindows], baseline: Sequence[StartWindows]
             coef[i] += w / len(cand)
     theta = (sum(b.mean for b in cand) / len(cand)
              - sum(c * base[i].mean for i, c in coef.items()))
-    parts = [noise.block_var(b.engine_hash, b.m) for b in cand]
+    parts = [noise.start_mean_var(b.engine_hash, b.m) for b in cand]
     terms = [(v / len(cand) ** 2, d) for v, d in parts]
     terms += [(c * c * v, d) for (v, d), c in
-              ((noise.block_var(base[i].engine_hash, base[i].m), c) for i, c in coef.items())]
+              ((noise.start_mean_var(base[i].engine_hash, base[i].m), c) for i, c in coef.items())]
     var = sum(t for t, _ in terms)
     if noise.replicated:
         df = noise.df
@@ -253,11 +254,11 @@ class DriftStep:
 def drift_steps(baseline: Sequence[StartWindows], noise: StartNoise, confidence: float = 0.99
                 ) -> list[DriftStep]:
     """Consecutive baseline starts compared; a step beyond noise (two-sided t at `confidence`
-    on two block means) is flagged: what was measured between them is re-measured."""
+    on two start means) is flagged: what was measured between them is re-measured."""
     base = sorted((b for b in baseline if b.m), key=lambda b: b.seq)
     out = []
     for a, b in zip(base, base[1:], strict=False):
-        (va, dfa), (vb, _) = noise.block_var(a.engine_hash, a.m), noise.block_var(
+        (va, dfa), (vb, _) = noise.start_mean_var(a.engine_hash, a.m), noise.start_mean_var(
             b.engine_hash, b.m)
         crit = t_value(confidence, dfa)
         se = math.sqrt(va + vb)
@@ -269,18 +270,18 @@ def drift_steps(baseline: Sequence[StartWindows], noise: StartNoise, confidence:
 
 def starts_by_point(rows: Iterable[tuple[str, str, int, int, int, int, Stage, float]]
                     ) -> dict[tuple[str, int], list[StartWindows]]:
-    """Blocks per point from (engine_hash, workload, concurrency, block, repeat, seq, stage,
+    """Engine starts per point from (engine_hash, workload, concurrency, start, repeat, seq, stage,
     throughput) rows of usable windows (in any order: windows are sorted by repeat)."""
     groups: dict[tuple[str, int], dict[tuple[str, int], list[tuple[int, int, Stage, float]]]] = \
         defaultdict(lambda: defaultdict(list))
-    for h, w, c, block, repeat, seq, stage, tput in rows:
-        groups[(w, c)][(h, block)].append((repeat, seq, stage, math.log(tput)))
+    for h, w, c, start, repeat, seq, stage, tput in rows:
+        groups[(w, c)][(h, start)].append((repeat, seq, stage, math.log(tput)))
     out: dict[tuple[str, int], list[StartWindows]] = {}
     for point, per in sorted(groups.items()):
-        out[point] = [StartWindows(h, block, xs[0][1], xs[0][2], tuple(x[3] for x in sorted(xs)))
-                      for (h, block), xs in sorted(per.items())]
+        out[point] = [StartWindows(h, start, xs[0][1], xs[0][2], tuple(x[3] for x in sorted(xs)))
+                      for (h, start), xs in sorted(per.items())]
     return out
 
 
-def filter_stage(blocks: Sequence[StartWindows], stage: Stage | None) -> list[StartWindows]:
-    return [b for b in blocks if stage is None or b.stage == stage]
+def filter_stage(starts: Sequence[StartWindows], stage: Stage | None) -> list[StartWindows]:
+    return [b for b in starts if stage is None or b.stage == stage]

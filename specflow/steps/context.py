@@ -112,7 +112,7 @@ class Context:
         template = {w.workload: w for w in self.windows if w.repeat == 0}
         # a schedule is measured at levels around its thresholds, which may be new levels
         return [replace(firsts.get((k.workload, k.concurrency), template[k.workload]),
-                        concurrency=k.concurrency, repeat=k.repeat, block=k.block)
+                        concurrency=k.concurrency, repeat=k.repeat, start=k.start)
                 for k in start.window_keys()]
 
     def closing_windows(self) -> list[Window]:

@@ -97,8 +97,7 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
         results: Any = _refused(ec, todo, h)
     else:
         if ctx.spec.backend.kind == "local":
-            ctx.ledger.event("engine_start", engine=ec.name, hash=ec.hash, host=HOST,
-                             devices=device.owned())
+            ctx.ledger.engine_started(ec.name, ec.hash, HOST, device.owned())
             summary["started"] = True
         results = run_engine(ec, ctx.spec.backend, todo, ctx.workdir / "runs", skip=finished,
                              tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model)
@@ -194,7 +193,7 @@ def _run_start(ctx: Context, seq: int, ec: EngineConfig | None, windows: Sequenc
             return {"engine": ec.name, "hash": ec.hash, "seq": start.seq, "skipped": 0,
                     "ok": 0, "failed": failed, "started": False}
     summary = run_config(ctx, ec, windows, on_window, start)
-    return {**summary, "seq": seq, "block": start.block, "stage": start.stage}
+    return {**summary, "seq": seq, "start": start.start, "stage": start.stage}
 
 
 def log_round(ctx: Context, progress: rounds.SearchState) -> None:

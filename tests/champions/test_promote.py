@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from specflow.champions.promote import (
+    GatedRecord,
     Promotion,
     PromotionError,
     champion,
@@ -65,6 +66,20 @@ def _promote(name: str, out: Path, **kwargs: object) -> Promotion:
     return promote_class(result, engines, spec, output_dir=out, **kwargs)
 
 
+def _champion(out: Path) -> GatedRecord:
+    record = champion(out, "math")
+    assert record is not None
+    return record
+
+
+def _champion_file(out: Path) -> bytes:
+    return (out / "math" / "champion.json").read_bytes()
+
+
+def _history_file(out: Path, version: str) -> bytes:
+    return (out / "math" / "history" / f"{version}.json").read_bytes()
+
+
 # --------------------------------------------------------------------------------------------
 # What a champion holds
 
@@ -94,16 +109,17 @@ def test_champion_is_deployable_with_its_evidence(tmp_path: Path) -> None:
     assert record["bands"][0]["speedup"]["estimate"] == pytest.approx(1.4)  # worst level, c=4
     assert record["settings"]["margin"] == 0.05
     assert history(tmp_path, "math") == [record["version"]]
+    assert champion(tmp_path, "math") == p.record  # the file reads back as the record written
     assert json.loads((tmp_path / "math" / "history" / f"{p.version}.json").read_text()) == record
 
 
 def test_off_is_promoted_as_the_baseline_engine(tmp_path: Path) -> None:
     p = _promote("slower", tmp_path)
     record = champion(tmp_path, "math")
-    assert p.status == "promoted" and record is not None
-    assert record["outcome"] == "off" and record["speculative_config"] is None
-    assert record["serve_argv"] == list(BASELINE.serve_argv)
-    assert "--speculative-config" not in record["serve_argv"]
+    assert p.status == "promoted" and record is not None and record == p.record
+    assert record.outcome == "off" and record.speculative_config is None
+    assert record.serve_argv == BASELINE.serve_argv
+    assert "--speculative-config" not in record.serve_argv
 
 
 def test_the_plan_must_hold_the_deployed_engine(tmp_path: Path) -> None:
@@ -119,8 +135,8 @@ def test_promote_all_and_the_hook_that_registers_elsewhere(tmp_path: Path) -> No
     registered: list[Promotion] = []
     out = promote_all(analyze(ms + chat, SPEC), ENGINES, SPEC, output_dir=tmp_path,
                       on_promoted=registered.append)
-    assert [(p.traffic_class, p.record["outcome"]) for p in out] == [("chat", "off"),
-                                                                     ("math", "speculate")]
+    assert [(p.traffic_class, p.record.outcome) for p in out] == [("chat", "off"),
+                                                                  ("math", "speculate")]
     assert registered == out
     assert all(p.path.is_file() for p in registered)  # the hook runs once the files are in place
 
@@ -133,7 +149,7 @@ def test_previous_champion_is_kept_and_restorable(tmp_path: Path) -> None:
     first = _promote("first", tmp_path)
     second = _promote("second", tmp_path)
     assert second.status == "promoted" and second.previous == first.version
-    assert champion(tmp_path, "math")["engine"]["hash"] == E3N2.hash
+    assert _champion(tmp_path).engine.hash == E3N2.hash
     assert history(tmp_path, "math") == [first.version, second.version]
 
     restored: list[Promotion] = []
@@ -141,13 +157,12 @@ def test_previous_champion_is_kept_and_restorable(tmp_path: Path) -> None:
     assert (back.status, back.version, back.previous) == ("restored", first.version,
                                                           second.version)
     assert restored == [back]
-    assert champion(tmp_path, "math") == json.loads(
-        (tmp_path / "math" / "history" / f"{first.version}.json").read_text())
+    assert _champion_file(tmp_path) == _history_file(tmp_path, first.version)
 
     with pytest.raises(PromotionError, match="no previous champion"):
         restore(tmp_path, "math")
     restore(tmp_path, "math", second.version)
-    assert champion(tmp_path, "math")["version"] == second.version
+    assert _champion(tmp_path).version == second.version
     with pytest.raises(PromotionError, match=r"no version 'nope'; known: \["):
         restore(tmp_path, "math", "nope")
     with pytest.raises(PromotionError, match="nothing was ever promoted"):
@@ -175,8 +190,7 @@ def test_restore_with_a_version_repairs_a_corrupt_champion(tmp_path: Path, damag
         restore(tmp_path, "math")
     back = restore(tmp_path, "math", first.version)
     assert (back.status, back.version, back.previous) == ("restored", first.version, None)
-    assert champion(tmp_path, "math") == json.loads(
-        (tmp_path / "math" / "history" / f"{first.version}.json").read_text())
+    assert _champion_file(tmp_path) == _history_file(tmp_path, first.version)
     assert _promote("second", tmp_path).status in ("promoted", "unchanged")  # usable again
 
 
@@ -190,7 +204,7 @@ def test_restore_refuses_a_version_that_is_not_a_plain_name(tmp_path: Path,
     (outside / "secret.json").write_text(json.dumps({"version": "stolen"}))
     with pytest.raises(PromotionError, match="not a plain version name"):
         restore(tmp_path, "math", version)
-    assert champion(tmp_path, "math")["version"] == first.version
+    assert _champion(tmp_path).version == first.version
 
 
 def test_restore_refuses_a_history_entry_that_leads_outside(tmp_path: Path) -> None:
@@ -200,7 +214,7 @@ def test_restore_refuses_a_history_entry_that_leads_outside(tmp_path: Path) -> N
     (tmp_path / "math" / "history" / "linked.json").symlink_to(outside)
     with pytest.raises(PromotionError, match="outside"):
         restore(tmp_path, "math", "linked")
-    assert champion(tmp_path, "math")["version"] == first.version
+    assert _champion(tmp_path).version == first.version
 
 
 @pytest.mark.parametrize("bad", ["../../../escaped", "<absolute>", "..", 7, None])
@@ -239,12 +253,12 @@ def test_gate_refuses_a_confidently_worse_champion_unless_forced(tmp_path: Path)
     assert refused.path.is_file()
     (why,) = refused.gate.regressions
     assert "band c1-4" in why and "did not re-measure eagle3-n3" in why
-    assert champion(tmp_path, "math")["version"] == first.version
+    assert _champion(tmp_path).version == first.version
     assert history(tmp_path, "math") == [first.version]
 
     forced = _promote("worse_unmeasured", tmp_path, force=True)
     assert forced.status == "promoted" and forced.gate.forced
-    assert champion(tmp_path, "math")["gate"]["forced"] is True
+    assert _champion(tmp_path).gate.forced is True
 
 
 def test_gate_lets_the_same_sweep_decide_when_the_old_champion_was_remeasured(
@@ -257,7 +271,7 @@ def test_gate_lets_the_same_sweep_decide_when_the_old_champion_was_remeasured(
 
     _promote("first", tmp_path)
     off = _promote("slower", tmp_path)  # the old winner re-measured and now loses: off wins
-    assert off.status == "promoted" and off.record["outcome"] == "off"
+    assert off.status == "promoted" and off.record.outcome == "off"
 
 
 def test_gate_flags_per_position_acceptance_drops(tmp_path: Path) -> None:
@@ -341,7 +355,7 @@ def test_restore_is_one_command(tmp_path: Path) -> None:
     proc = run_cli("restore", "math", f"promote.output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     assert f"restored math champion {first.version} (was {second.version})" in proc.stdout
-    assert champion(tmp_path, "math")["version"] == first.version
+    assert _champion(tmp_path).version == first.version
     proc = run_cli("restore", "chat", f"promote.output_dir={tmp_path}")
     assert proc.returncode == 1 and "nothing was ever promoted" in proc.stderr
     proc = run_cli("restore", f"promote.output_dir={tmp_path}")
@@ -360,7 +374,7 @@ def test_restore_command_checks_its_arguments_and_repairs_a_corrupt_champion(
     proc = run_cli("restore", "math", "../../outside/secret", f"promote.output_dir={out}")
     assert proc.returncode == 2, proc.stderr
     assert "restore VERSION: not a plain version name" in proc.stderr
-    assert "Traceback" not in proc.stderr and champion(out, "math")["version"] != "stolen"
+    assert "Traceback" not in proc.stderr and _champion(out).version != "stolen"
     proc = run_cli("restore", "../math", f"promote.output_dir={out}")
     assert proc.returncode == 2 and "restore CLASS: not a plain" in proc.stderr
 
@@ -370,7 +384,7 @@ def test_restore_command_checks_its_arguments_and_repairs_a_corrupt_champion(
     proc = run_cli("restore", "math", first.version, f"promote.output_dir={out}")
     assert proc.returncode == 0, proc.stderr
     assert f"restored math champion {first.version} (was None)" in proc.stdout
-    assert champion(out, "math")["version"] == first.version
+    assert _champion(out).version == first.version
 
 
 def test_the_same_evidence_again_changes_nothing(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from specflow.decision.aggregate import aggregate
 from specflow.decision.bands import build_schedule
 from specflow.decision.choose import analyze, decision_rows
-from specflow.decision.model import AnalysisError, Band, ClassResult, QualityLevel, to_json
+from specflow.decision.model import AnalysisError, Band, ClassResult, QualityLevel, as_json
 from specflow.engine import vllm_check
 from specflow.records.measurement import Measurement
 from specflow.spec.schema import PromoteSpec, QualitySpec, SloSpec
@@ -88,11 +88,11 @@ def test_a_candidate_failing_every_repeat_is_rejected_in_that_band_only() -> Non
 def test_seeded_and_independent_of_record_order() -> None:
     ms, close = sweep([Cand(E3N3, 1.2), Cand(NG4, 1.1)], levels=(1, 4), repeats=3, closing=3,
                       cv=0.05, rng=np.random.default_rng(3))
-    a = json.dumps(to_json(analyze(ms, PromoteSpec(), closing_baseline=close)))
+    a = json.dumps(as_json(analyze(ms, PromoteSpec(), closing_baseline=close)))
     random.Random(0).shuffle(ms)
-    b = json.dumps(to_json(analyze(ms, PromoteSpec(), closing_baseline=close)))
+    b = json.dumps(as_json(analyze(ms, PromoteSpec(), closing_baseline=close)))
     assert a == b
-    c = json.dumps(to_json(analyze(ms, PromoteSpec(seed=1), closing_baseline=close)))
+    c = json.dumps(as_json(analyze(ms, PromoteSpec(seed=1), closing_baseline=close)))
     assert c != a  # the seed is what makes it reproducible
 
 

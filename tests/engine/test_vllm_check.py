@@ -106,10 +106,12 @@ BAD_CACHES = {
 def test_cache_reads_a_complete_answer(tmp_path: Path) -> None:
     path = tmp_path / "vllm-0.0-x.json"
     path.write_text(json.dumps(ANSWER))
-    assert vllm_check._read_cache(path) == ANSWER
+    answer = vllm_check._read_cache(path)
+    assert answer is not None and answer.model_dump(mode="json") == ANSWER
     assert vllm_check._read_cache(path.with_name("absent.json")) is None
     path.write_text(json.dumps({**ANSWER, "torch": None}))
-    assert vllm_check._read_cache(path) == {**ANSWER, "torch": None}
+    answer = vllm_check._read_cache(path)
+    assert answer is not None and answer.torch is None and answer.fields == tuple(ANSWER["fields"])
 
 
 @pytest.mark.parametrize("damage", list(BAD_CACHES))

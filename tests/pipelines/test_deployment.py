@@ -143,7 +143,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
             name = next(k for k in points if k not in before)
             (sweep_dir / "windows" / name).unlink()
             missing = {points.pop(name)["key"]["engine_hash"]}
-        starts = len(ledger.events("engine_start"))
+        starts = len(ledger.engine_starts())
 
         # the server back on the same port and database; the deployment served again
         server = procs[0] = live.start_server(tmp_path, port, env)
@@ -158,7 +158,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         done = list(ledger.entries())
         assert len(done) == 4 and all(e.measurement.ok for e in done)
         assert {k: live.points(work).get(k) for k in before} == before  # not measured again
-        again = [e["hash"] for e in ledger.events("engine_start")][starts:]
+        again = [e.hash for e in ledger.engine_starts()][starts:]
         assert sorted(again) == sorted(missing)  # started again: only what run 1 left
         _flow_run_shows_windows_and_the_decision(out, client_env, tmp_path)
         os.killpg(serve.pid, signal.SIGTERM)

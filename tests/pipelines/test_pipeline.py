@@ -122,7 +122,7 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
     ledger = _ledger(tmp_path)
     # the flow measured only what the lone task had not: the same entries, not measured again
     assert {i: ledger.get(i).measurement for i in first} == first
-    assert [e["engine"] for e in ledger.events("engine_start")] == ["baseline", "draft_model-n2",
+    assert [e.engine for e in ledger.engine_starts()] == ["baseline", "draft_model-n2",
                                                                     "baseline"]
     # 2 engine configs x 1 workload x 1 concurrency x 2 repeats + 1 closing baseline window
     assert len(children) == 5 == len(list(ledger.entries()))
@@ -326,7 +326,7 @@ def test_multirun_sweeps_each_valid_combination_and_reports_the_invalid(tmp_path
 
 
 def _count_starts(tmp: Path) -> int:
-    return len(_ledger(tmp).events("engine_start"))
+    return len(_ledger(tmp).engine_starts())
 
 
 @pytest.mark.engine
@@ -410,8 +410,8 @@ def test_a_racing_sweep_runs_in_rounds_and_leaves_its_trail(tmp_path: Path, mode
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     ledger = _ledger(tmp_path)
     ms = [e.measurement for e in ledger.entries()]
-    starts = {(m.key.engine_hash, m.key.block): m.seq for m in ms}
-    assert len(starts) == len(ledger.events("engine_start")) >= 3
+    starts = {(m.key.engine_hash, m.key.start): m.seq for m in ms}
+    assert len(starts) == len(ledger.engine_starts()) >= 3
     assert sorted(starts.values()) == list(range(len(starts)))  # one run order, no gaps
     first = sorted((m for m in ms if m.round == 0), key=lambda m: m.seq)
     assert [m.method for m in first][::2] == ["none", "ngram", "none"]  # base, cand, base
@@ -419,7 +419,7 @@ def test_a_racing_sweep_runs_in_rounds_and_leaves_its_trail(tmp_path: Path, mode
     confirm = [m for m in ms if m.stage == "confirm"]
     if confirm:  # a selected winner: 2 fresh starts with fresh baseline starts around them
         assert {m.round for m in confirm} == {1}
-        assert len({(m.key.engine_hash, m.key.block) for m in confirm}) == 5
+        assert len({(m.key.engine_hash, m.key.start) for m in confirm}) == 5
     assert "round 0 (explore) done: 3 engine starts" in proc.stderr
     # no terminal: one plain line per engine start and per window, with done/left and an ETA
     assert "engine start #0 (round 0, explore): baseline; first window done" in proc.stderr
@@ -438,4 +438,4 @@ def test_a_racing_sweep_runs_in_rounds_and_leaves_its_trail(tmp_path: Path, mode
     # the sweep is over: running it again measures nothing and decides the same
     again = _run(tmp_path, args)
     assert again.returncode == proc.returncode
-    assert len(ledger.events("engine_start")) == len(starts)
+    assert len(ledger.engine_starts()) == len(starts)

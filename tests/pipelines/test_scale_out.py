@@ -135,7 +135,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
             if not sweeps:
                 return False
             ledger = Ledger(work, sweeps[0].name)
-            mine = [e["hash"] for e in ledger.events("engine_start") if e["devices"] == ["0"]]
+            mine = [e.hash for e in ledger.engine_starts() if e.devices == ("0",)]
             if not mine:
                 return False
             ok = [e for e in ledger.entries() if e.measurement.ok
@@ -164,7 +164,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
                                          check=True).stdout)
         completed = [r for r in runs if r["state"] == "COMPLETED"]
         assert sorted(r["key"] for r in completed) == sorted(
-            {e["hash"] for e in ledger.events("engine_start")})  # one per config
+            {e.hash for e in ledger.engine_starts()})  # one per config
         assert len(completed) == 4
         devices = {t for r in completed for t in r["tags"] if t.startswith("devices:")}
         assert devices == {"devices:0", "devices:1"}, runs
@@ -211,7 +211,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         print_outcome(steps.outcome_summary(again, steps.decide(again)),
                       Console(file=shown, width=80, highlight=False), 0.0)
         assert _decision(shown.getvalue()) == decision
-        assert len(ledger.events("engine_start")) == 5  # 4 configs + the lost one again
+        assert len(ledger.engine_starts()) == 5  # 4 configs + the lost one again
 
         # the Kubernetes recipe's pool and deployment, registered on the same server (no cluster)
         live.prefect(client_env, "work-pool", "create", "gpu-k8s", "--type", "kubernetes",

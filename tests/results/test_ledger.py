@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specflow.records.measurement import MEASUREMENT
 from specflow.results.ledger import Ledger
 from tests.builders import BASELINE, window
 
@@ -23,9 +24,11 @@ DAMAGE = {
     "no measurement": b'{"run_id": null, "logged": false}\n',
     "measurement of the wrong shape": b'{"measurement": {"key": {"x": 1}}, "logged": false}\n',
     "another window's record": json.dumps(
-        {"measurement": GOOD.to_json(), "run_id": None, "logged": False}).encode(),
+        {"measurement": MEASUREMENT.dump_python(GOOD, mode="json"), "run_id": None,
+         "logged": False}).encode(),
     "logged of the wrong type": json.dumps(
-        {"measurement": BAD.to_json(), "run_id": None, "logged": "yes"}).encode(),
+        {"measurement": MEASUREMENT.dump_python(BAD, mode="json"), "run_id": None,
+         "logged": "yes"}).encode(),
 }
 
 
@@ -85,13 +88,14 @@ def test_record_repairs_a_bad_file_it_meets_first(tmp_path: Path) -> None:
 
 def test_a_torn_event_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     ledger = _ledger(tmp_path)
-    ledger.event("engine_start", engine="baseline")
+    ledger.engine_started("baseline", BASELINE.hash, "host-a", ("0",))
     with open(ledger.dir / "events.jsonl", "a", encoding="utf-8") as fh:
-        fh.write('{"t": 1.0, "event": "engine_fa')  # killed mid-append
+        fh.write('{"t": 1.0, "event": "engine_st')  # killed mid-append
     with caplog.at_level(logging.WARNING, logger="specflow.results.ledger"):
-        assert [e["engine"] for e in ledger.events("engine_start")] == ["baseline"]
-        assert len(ledger.events()) == 1
-    assert "events.jsonl" in caplog.text
+        (start,) = ledger.engine_starts()
+    assert (start.engine, start.hash, start.host, start.devices) == (
+        "baseline", BASELINE.hash, "host-a", ("0",))
+    assert "events.jsonl:2" in caplog.text
 
 
 
@@ -102,8 +106,9 @@ def test_a_lease_is_renewed_without_an_opened_sweep_and_read_back(tmp_path: Path
     assert ledger.lease("engine-abc") is None
     renew_lease(ledger.lease_path("engine-abc"), flow_run_id="r1", devices=["0"])
     first = ledger.lease("engine-abc")
-    assert first is not None and first["flow_run_id"] == "r1" and first["devices"] == ["0"]
+    assert first is not None and first.flow_run_id == "r1" and first.devices == ("0",)
     renew_lease(ledger.lease_path("engine-abc"), flow_run_id="r1", devices=["0"])
-    assert ledger.lease("engine-abc")["t"] >= first["t"]
+    again = ledger.lease("engine-abc")
+    assert again is not None and again.t >= first.t
     ledger.lease_path("engine-abc").write_text("{torn")
     assert ledger.lease("engine-abc") is None  # unreadable: as if never renewed

@@ -24,14 +24,14 @@ from tests.builders import engine
 FAST = PromoteSpec(bootstrap_samples=100)
 
 
-def _block(h: str, seq: int, values: list[float], block: int = 0,
+def _start(h: str, seq: int, values: list[float], start: int = 0,
            stage: Stage = "explore") -> StartWindows:
-    return StartWindows(h, block, seq, stage, tuple(math.log(v) for v in values))
+    return StartWindows(h, start, seq, stage, tuple(math.log(v) for v in values))
 
 
 def _decide(scn: simulate.Scenario, prog: rounds.SearchState, ms: list[Measurement]) -> Analysis:
     """The final decision, as `steps.decide` makes it."""
-    later = [m for m in ms if m.key.engine_hash == scn.shape.baseline and m.key.block > 0]
+    later = [m for m in ms if m.key.engine_hash == scn.shape.baseline and m.key.start > 0]
     opening = [m for m in ms if m not in later]
     if scn.shape.design == "race":
         return analyze(opening, FAST, closing_baseline=later, race=dict(prog.states))
@@ -50,8 +50,8 @@ def test_the_time_local_baseline_cancels_a_linear_drift() -> None:
     """Baseline 100 at start #0, 90 at #2 (a -10% drift, linear in log throughput); the
     candidate at #1 runs 1.2x the baseline of its time (sqrt(100 * 90)): the speedup is 1.2
     exactly, not 1.2 * 94.9/100 or 1.2 * 94.9/90."""
-    base = [_block("b", 0, [100.0, 100.0]), _block("b", 2, [90.0, 90.0], block=1)]
-    cand = [_block("c", 1, [1.2 * math.sqrt(9000.0)] * 2)]
+    base = [_start("b", 0, [100.0, 100.0]), _start("b", 2, [90.0, 90.0], start=1)]
+    cand = [_start("c", 1, [1.2 * math.sqrt(9000.0)] * 2)]
     noise = start_noise([*base, *cand], "b")
     c = contrast(cand, base, noise)
     assert c is not None and c.speedup == pytest.approx(1.2)
@@ -62,10 +62,10 @@ def test_the_time_local_baseline_cancels_a_linear_drift() -> None:
 def test_engine_starts_are_the_replicate_unit() -> None:
     """Two starts that disagree by 20% with steady windows inside each: the interval is wide
     (it counts starts, not windows), where treating 10 windows as independent would be tight."""
-    base = [_block("b", 0, [100.0, 100.5, 99.5, 100.0, 100.2]),
-            _block("b", 3, [100.0, 99.8, 100.1, 100.0, 99.9], block=1)]
-    cand = [_block("c", 1, [130.0, 130.5, 129.8, 130.2, 130.1]),
-            _block("c", 2, [108.0, 108.3, 107.9, 108.1, 108.0], block=1)]
+    base = [_start("b", 0, [100.0, 100.5, 99.5, 100.0, 100.2]),
+            _start("b", 3, [100.0, 99.8, 100.1, 100.0, 99.9], start=1)]
+    cand = [_start("c", 1, [130.0, 130.5, 129.8, 130.2, 130.1]),
+            _start("c", 2, [108.0, 108.3, 107.9, 108.1, 108.0], start=1)]
     noise = start_noise([*base, *cand], "b")
     assert noise.replicated and noise.df == 2
     c = contrast(cand, base, noise)
@@ -109,7 +109,7 @@ def test_a_true_gain_is_selected_then_confirmed_on_fresh_starts() -> None:
         for d in r.decisions:
             worst = d.winner.worst
             # judged on confirmation starts only: fresh ones, with fresh baseline starts around
-            confirm = {(m.key.engine_hash, m.key.block) for m in ms if m.stage == "confirm"}
+            confirm = {(m.key.engine_hash, m.key.start) for m in ms if m.stage == "confirm"}
             assert worst.starts == len({b for h, b in confirm if h == "c3"}) >= 2
     # the rounds spent engine starts only on what could still win
     assert len({s.engine_hash for s in prog.rounds[0].starts}) == 9
