@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from scipy import stats
 
 import specflow
 from specflow.decision.bands import bands_for
@@ -261,7 +262,7 @@ def uniform_trial(args: tuple[Scenario, int, int, int]) -> Trial:
 def _mad_score(x: Sequence[float]) -> tuple[float, float]:
     """(median - 1.4826 MAD, 1.4826 MAD / median)."""
     med = statistics.median(x)
-    mad = MAD_SCALE * statistics.median(abs(v - med) for v in x)
+    mad = MAD_SCALE * float(stats.median_abs_deviation(x))
     return med - mad, mad / med
 
 

@@ -324,8 +324,7 @@ def _agreement(paired: dict[tuple[str, int], Any]) -> dict[str, Any]:
             for x, y in zip(pair["specflow"], pair["vllm"], strict=True)]
     mean, half = statistics.fmean(logs), 0.0
     if len(logs) > 1:
-        half = float(scipy.stats.t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(
-            len(logs))
+        half = float(scipy.stats.t.ppf(0.975, len(logs) - 1) * scipy.stats.sem(logs))
     ci = [round(math.exp(mean - half) - 1, 4), round(math.exp(mean + half) - 1, 4)]
     console.print(f"all {len(logs)} pairs: specflow/vLLM {math.exp(mean):.3f}, 95% interval "
                   f"[{1 + ci[0]:.3f}, {1 + ci[1]:.3f}]")

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from scipy import stats
 
 from specflow.decision.model import Estimate, PointStats
 from specflow.records.measurement import Measurement
@@ -50,7 +51,7 @@ def usable_starts(measurements: Iterable[Measurement]
     """The usable windows (see `_exclusion`) as engine-start blocks per (workload, concurrency):
     what every speedup, noise estimate and drift check reads."""
     return starts_by_point(
-        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.block, m.key.repeat, m.seq,
+        (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start, m.key.repeat, m.seq,
          m.stage, m.output_throughput) for m in measurements if _exclusion(m) is None)
 
 
@@ -68,7 +69,7 @@ def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: s
         values = tuple(m.output_throughput for m in usable)
         arr = np.asarray(values, dtype=float)
         median = float(np.median(arr)) if values else None
-        mad = float(np.median(np.abs(arr - median))) if values else None
+        mad = float(stats.median_abs_deviation(arr, scale=1.0)) if values else None
         latency: dict[str, float] = {}
         if usable:
             keys = set.intersection(*(set(m.latency_ms) for m in usable))

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
+
 from specflow.engine.launcher import vllm_command
 from specflow.spec.compile import EngineConfig, secret_option
 from specflow.spec.schema import EndpointBackend, LocalBackend
@@ -203,50 +205,26 @@ def tail(path: Path, start: int = 0, lines: int = LOG_TAIL_LINES) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Processes (checked by PID; /proc where there is one)
+# Processes (psutil: a process is its PID and start time, so a reused PID is another process)
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, pgid, start time) of a live PID from /proc, or None when it is gone."""
+def process_alive(proc: psutil.Process) -> bool:
+    """True while `proc` runs: a zombie has ended, a reused PID is another process."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()
-    return fields[0], int(fields[2]), int(fields[19])
-
-
-def pid_alive(pid: int, start_time: int | None = None) -> bool:
-    """True while `pid` runs (zombies count as gone; a reused PID is not the same process)."""
-    if Path("/proc/self/stat").exists():
-        st = _stat(pid)
-        if st is None or st[0] in ("Z", "X"):
-            return False
-        return start_time is None or st[2] == start_time
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess included
         return False
-    except PermissionError:
+    except psutil.AccessDenied:  # it exists; only its state is hidden
         return True
-    return True
 
 
-def group_members(pgid: int) -> dict[int, int]:
-    """Live processes of process group `pgid`: PID -> start time."""
-    members: dict[int, int] = {}
-    if not Path("/proc/self/stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return members
-        return {pgid: 0}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        st = _stat(int(entry.name))
-        if st is not None and st[1] == pgid and st[0] not in ("Z", "X"):
-            members[int(entry.name)] = st[2]
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes of process group `pgid` (psutil has no process-group query)."""
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(proc.pid) == pgid and process_alive(proc):
+                members.append(proc)
     return members
 
 
@@ -366,7 +344,7 @@ class LocalEngine(Server):
         self.attempts: list[dict[str, object]] = []
         self.start_s: float | None = None
         """Seconds from launch to ready."""
-        self._seen: dict[int, int] = {}
+        self._seen: dict[int, psutil.Process] = {}
         self._log_offset = 0
         self._oom_before: int | None = None
         self._stopped = False
@@ -400,11 +378,18 @@ class LocalEngine(Server):
         """True between a launch and the stop that follows it."""
         return self.proc is not None and not self._stopped
 
-    def processes(self) -> dict[int, int]:
-        """Every process of this engine seen so far (PID -> start time), refreshed now."""
+    def processes(self) -> list[int]:
+        """PIDs of every process of this engine seen so far, refreshed now: its process group
+        and the leader's descendants (one that left the group too)."""
         if self.proc is not None and not self._stopped:
-            self._seen.update(group_members(self.proc.pid))
-        return dict(self._seen)
+            found = group_members(self.proc.pid)
+            leader = self._seen.get(self.proc.pid)
+            if leader is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    found += leader.children(recursive=True)
+            for proc in found:
+                self._seen.setdefault(proc.pid, proc)
+        return sorted(self._seen)
 
     # -- lifecycle
 
@@ -460,10 +445,7 @@ class LocalEngine(Server):
 
     def survivors(self) -> list[int]:
         """PIDs of this engine (seen at any time) that are still alive."""
-        alive = [pid for pid, st in self._seen.items() if pid_alive(pid, st)]
-        if self.proc is not None:
-            alive += [p for p in group_members(self.proc.pid) if p not in alive]
-        return sorted(alive)
+        return sorted(p.pid for p in self._alive())
 
     def __enter__(self) -> LocalEngine:
         self.start()
@@ -498,7 +480,8 @@ class LocalEngine(Server):
             self._mark(f"cannot run {argv[0]}: {exc}")
             raise EngineStartError(EngineFailure(
                 "start_failed", f"cannot run {argv[0]} (backend.vllm_command): {exc}")) from None
-        self._seen[self.proc.pid] = (_stat(self.proc.pid) or ("", 0, 0))[2]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._seen[self.proc.pid] = psutil.Process(self.proc.pid)
 
     def _exited(self, rc: int, starting: bool) -> EngineFailure:
         log_tail = tail(self.log_path, self._log_offset)
@@ -543,21 +526,31 @@ class LocalEngine(Server):
         if not self._wait_gone(self.stop_timeout_s):
             self._mark("processes left after SIGTERM; sending SIGKILL")
             kill_group(pgid, signal.SIGKILL)
-            for pid, st in self._seen.items():  # members that left the group
-                if pid_alive(pid, st):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+            for proc in self._alive():  # members that left the group
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()  # psutil refuses a PID that another process now has
             self._wait_gone(10.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         self._stopped = True
 
+    def _alive(self) -> list[psutil.Process]:
+        """Processes of this engine (seen at any time, or in its group now) still alive."""
+        alive = [p for p in self._seen.values() if process_alive(p)]
+        if self.proc is not None:
+            alive += [p for p in group_members(self.proc.pid) if p not in alive]
+        return alive
+
     def _wait_gone(self, timeout: float) -> bool:
+        """Wait until no process of this engine is alive (True) or `timeout` passes (False).
+
+        Popen waits for the leader (psutil would reap it and lose its exit code for Popen);
+        psutil waits for the rest, in short waits: a zombie whose parent never reaps it has
+        ended, yet psutil.wait_procs would wait for it to the end of the timeout."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader so it does not linger as a zombie
-            if not self.survivors():
-                return True
-            time.sleep(0.1)
-        return not self.survivors()
+        while (alive := self._alive()) and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.1)
+            psutil.wait_procs([p for p in alive if p.pid != self.proc.pid], timeout=0.1)
+        return not alive

@@ -34,6 +34,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scipy import stats
+
 from specflow.decision.model import Analysis
 from specflow.records.measurement import Measurement
 from specflow.spec.compile import EngineConfig
@@ -74,7 +76,7 @@ class Acceptance:
     def mal_se(self, k: int) -> float:
         """Standard error of MAL(k) between windows (0 with one window)."""
         per = [1.0 + sum(w[:k]) for w in self.windows if len(w) >= k]
-        return statistics.stdev(per) / math.sqrt(len(per)) if len(per) >= 2 else 0.0
+        return float(stats.sem(per)) if len(per) >= 2 else 0.0
 
 
 @dataclass(frozen=True)

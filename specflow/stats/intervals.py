@@ -33,6 +33,7 @@ def bootstrap_means(x: np.ndarray, samples: int, rng: np.random.Generator) -> np
 def widened_percentile(theta: float, boot: np.ndarray, confidence: float, k: float
                        ) -> tuple[float, float]:
     """Percentile interval of `boot`, widened about theta by k (never narrower than it)."""
+    # Written out: scipy.stats.bootstrap's intervals (percentile, basic, BCa) have no widening.
     alpha = 1.0 - confidence
     q_lo, q_hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
     return min(q_lo, theta - k * (theta - q_lo)), max(q_hi, theta + k * (q_hi - theta))
@@ -44,6 +45,7 @@ def wilson_interval(successes: int, n: int, z: float) -> tuple[float, float]:
     z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/4n^2). Unlike the Wald interval it keeps its coverage
     at 0 or n successes, the usual counts of output mismatches. With n = 0 nothing is known:
     (0, 1)."""
+    # Written out: scipy's binomtest(...).proportion_ci("wilson") takes no z and refuses n = 0.
     if n == 0:
         return 0.0, 1.0
     p, k = successes / n, z * z / n
@@ -61,6 +63,7 @@ def newcombe_interval(x1: int, n1: int, x2: int, n2: int, z: float) -> tuple[flo
     Wilson interval of p_i, d = p1 - p2, it is [d - sqrt((p1 - l1)^2 + (u2 - p2)^2),
     d + sqrt((u1 - p1)^2 + (p2 - l2)^2)]. Near-nominal coverage at small counts and rates near
     0, where the Wald difference interval collapses to a point."""
+    # Written out: scipy has no interval for a difference of two proportions.
     p1 = x1 / n1 if n1 else 0.0
     p2 = x2 / n2 if n2 else 0.0
     l1, u1 = wilson_interval(x1, n1, z)

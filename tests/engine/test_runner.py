@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from specflow.config.compose import load_plan
@@ -45,7 +46,7 @@ from specflow.engine.server import (
     free_port,
     group_members,
     http_get,
-    pid_alive,
+    process_alive,
     redact_argv,
     reported_kv,
     served_model_name,
@@ -250,8 +251,12 @@ def _record(m: Measurement) -> dict[str, Any]:
 
 
 def _alive(record: dict[str, Any]) -> list[int]:
-    pids = record["engine_pids"] + record["load_generator_pids"]
-    return [p for p in pids if pid_alive(p)] + list(group_members(record["engine_pgid"]))
+    """PIDs of the record's processes, and of its engine's group, still alive."""
+    procs = group_members(record["engine_pgid"])
+    for pid in record["engine_pids"] + record["load_generator_pids"]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    return sorted({p.pid for p in procs if process_alive(p)})
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 
 from specflow.results.ledger import Ledger
 from tests.pipelines import live
-from tests.pipelines.procs import processes_using
+from tests.pipelines.procs import pids_with_env, processes_using
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "gpu"
@@ -46,21 +46,6 @@ def _worker(tmp: Path, env: dict[str, str], name: str, device: str) -> subproces
             cwd=ROOT, env=dict(env, CUDA_VISIBLE_DEVICES=device,
                                      VLLM_CPU_OMP_THREADS_BIND=device), stdout=fh,
             stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _with_env(var: str) -> list[int]:
-    """Pids of live processes whose environment holds `var` (e.g. a worker's device set)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if var.encode() in (proc / "environ").read_bytes().split(b"\0") and \
-                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
 
 
 def _decision(out: str) -> list[str]:
@@ -152,8 +137,8 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         ledger = Ledger(work, sweep_dir.name)
         before = {k: m for k, m in live.points(work).items() if m["status"] == "ok"}
         # its flow run's process and its engine end with it
-        live.wait_for("nothing of worker 0 alive", lambda: not _with_env(
-            "CUDA_VISIBLE_DEVICES=0"), 60, *logs)
+        live.wait_for("nothing of worker 0 alive", lambda: not pids_with_env(
+            "CUDA_VISIBLE_DEVICES", "0"), 60, *logs)
         procs.append(_worker(tmp_path, client_env, "gpu-0b", "0"))
         sweep.wait(timeout=1500)
         out = logs[1].read_text(errors="replace")
