@@ -73,6 +73,7 @@ from specflow.spec.methods import METHODS
 from specflow.spec.schema import PromoteSpec
 from specflow.stats.critical import z_value
 from specflow.stats.multiplicity import holm
+from specflow.stats.power import starts_for_power
 from specflow.stats.replicates import (
     Stage,
     StartNoise,
@@ -515,7 +516,7 @@ def starts_needed(s: PointSpeedup, threshold: float, confidence: float, power: f
     if e.hi == e.lo:
         return max(2, s.starts)
     se = (math.log(e.hi) - math.log(e.lo)) / (2 * z_value(confidence))
-    need = s.starts * (se * (z_value(confidence) + z_value(2 * power - 1)) / gap) ** 2
+    need = starts_for_power(s.starts * se ** 2, gap, z_value(confidence), z_value(2 * power - 1))
     return max(2, math.ceil(need))
 
 

@@ -191,8 +191,8 @@ def main() -> None:
         proto.write(json.dumps({"id": job["id"], "ok": ok, "error": error,
                                 "wall_s": time.perf_counter() - start}) + "\n")
         jobs += 1
-        # Not a full collection per job: with vLLM imported one took 0.41 s (twice per window
-        # with its warm-up), while a driver's heap grew ~0.3 MB a job without it.
+        # Not a full collection per job: with vLLM imported a collection is slow (twice per
+        # window with its warm-up), and a driver's heap grows slowly without one.
         if jobs % COLLECT_EVERY == 0:
             gc.collect()
 

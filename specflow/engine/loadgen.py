@@ -187,7 +187,7 @@ class BenchDriver:
 
         An idle driver has flushed every answer and job log (bench_driver flushes both before
         it answers), so nothing is lost by not waiting for its interpreter's shutdown with vLLM
-        imported, which measured 2.6 s per engine start here."""
+        imported, which takes seconds per engine start."""
         if self.proc is None:
             return
         proc, self.proc = self.proc, None

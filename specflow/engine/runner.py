@@ -485,7 +485,7 @@ def _windows(server: Server, gen: LoadGenerator, ec: EngineConfig, todo: Sequenc
     """Measure windows in order; stop after the first one that finds the server down.
 
     Only the first window at each concurrency level gets its warm-up: the engine is warm for
-    that level afterwards (a warm-up per window cost ~1.6 s each on the CPU engine)."""
+    that level afterwards (a warm-up per window would cost its requests' time on every window)."""
     warmed: set[int] = set()
     for w in todo:
         if w.concurrency in warmed:

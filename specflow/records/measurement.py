@@ -44,12 +44,6 @@ class WindowKey:
         suffix = f"/b{self.start}" if self.start else ""
         return f"{self.engine_hash}{suffix}/{self.workload}/c{self.concurrency}/r{self.repeat}"
 
-    @property
-    def block(self) -> int:
-        """`start` under its old name: `decision/aggregate.py` still reads it (being edited
-        elsewhere); remove once that says `start`."""
-        return self.start
-
 
 @with_config(_RECORD)
 @dataclass(frozen=True)
@@ -152,7 +146,8 @@ class Measurement:
     engine_s: float = 0.0
     """Seconds from the engine's launch to the end of this window (engine time spent)."""
     requests: tuple[RequestStats, ...] = ()
-    """Each request of the window, in dataset order (empty for records made before this)."""
+    """Each request of the window, in dataset order (empty when the load generator did not
+    report them)."""
 
     @property
     def ok(self) -> bool:

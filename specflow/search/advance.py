@@ -8,8 +8,6 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from scipy import stats
-
 from specflow.decision.choose import analyze, band_p_value, starts_needed
 from specflow.decision.model import Analysis, Verdict
 from specflow.decision.race import BandState, Interval
@@ -18,6 +16,7 @@ from specflow.search import predict
 from specflow.search.budget import cannot_win, clear_leader
 from specflow.search.plan import BandKey, Shape, _fast, split_baseline
 from specflow.spec.schema import PromoteSpec
+from specflow.stats.critical import z_upper
 from specflow.stats.multiplicity import holm
 from specflow.stats.replicates import Stage
 
@@ -87,7 +86,7 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     for m in data:
         windows[(m.key.engine_hash, m.key.workload, m.key.concurrency)].append(m)
     threshold = 1 + promote.margin
-    z = float(stats.norm.isf((1 - promote.confidence) / 2))
+    z = z_upper((1 - promote.confidence) / 2)
     out = dict(states)
     added = False
     for key, st in states.items():

@@ -17,8 +17,6 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from scipy import stats
-
 from specflow.decision.aggregate import usable_starts
 from specflow.decision.model import AnalysisError
 from specflow.decision.race import BandState
@@ -43,6 +41,8 @@ from specflow.search.schedules import (
 )
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import PromoteSpec
+from specflow.stats.critical import z_upper
+from specflow.stats.power import starts_for_power
 from specflow.stats.replicates import Stage, start_noise
 
 
@@ -246,7 +246,7 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     starts has k + 1 baseline starts around them: var ~ v_winner / k + v_baseline / k."""
     budget = shape.budget
     alpha = (1 - promote.confidence) / 2 / budget.confirm_looks / max(1, len(confirming))
-    z = float(stats.norm.isf(alpha)) + float(stats.norm.isf(0.1))
+    z_alpha, z_power = z_upper(alpha), z_upper(0.1)
     blocks = usable_starts(data)
     need = budget.confirm_starts
     for key, st in confirming.items():
@@ -263,7 +263,7 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
             # an estimate near 0 would size a look with no power against a start effect
             start_var = noise.start_var_upper(0.8)
             var = sum(start_var + noise.window_var(e) / repeats for e in (h, shape.baseline))
-            need = max(need, math.ceil(var * (z / gap) ** 2))
+            need = max(need, math.ceil(starts_for_power(var, gap, z_alpha, z_power)))
     cap = budget.max_confirm_starts
     if cap is None:
         cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)
