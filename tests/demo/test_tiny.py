@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specflow.demo import tiny
+from specflow.demo import seed_models, tiny
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_agreeing_targets_walk_their_orbits(models: dict[str, Path], kind: str) 
     import torch
     from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-    geo = tiny._geometry(128, 2048)
+    geo = seed_models._geometry(128, 2048)
     cls = Qwen2ForCausalLM if kind.startswith("mimo") else AutoModelForCausalLM  # MTP layers unused
     model = cls.from_pretrained(str(models[kind]), dtype=torch.float32).eval()
     prompt = torch.tensor([[700, 5, 1999, 42, 1234]])
