@@ -55,12 +55,12 @@ def start_server(tmp: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def points(work: Path) -> dict[str, dict]:
+def windows(work: Path) -> dict[str, dict]:
     """Each window's measurement as its ledger file holds it (by file name)."""
-    dirs = list((work / "sweeps").glob("*/points")) if (work / "sweeps").is_dir() else []
+    dirs = list((work / "sweeps").glob("*/windows")) if (work / "sweeps").is_dir() else []
     out = {}
-    for points in dirs:
-        for path in points.glob("*.json"):
+    for d in dirs:
+        for path in d.glob("*.json"):
             try:
                 out[path.name] = json.loads(path.read_text())["measurement"]
             except (OSError, ValueError, KeyError):

@@ -117,8 +117,8 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
             return True
 
         live.wait_for("a window of run 1 in the ledger", lambda: serving() and any(
-            m["status"] == "ok" for m in live.points(work).values()), 600, serve_log)
-        before = {k: m for k, m in live.points(work).items() if m["status"] == "ok"}
+            m["status"] == "ok" for m in live.windows(work).values()), 600, serve_log)
+        before = {k: m for k, m in live.windows(work).items() if m["status"] == "ok"}
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=60)
         live.wait_for("the serve process says the runner stopped on the outage",
@@ -132,17 +132,17 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
                   lambda: not processes_using(models, but=serve.pid), 60, serve_log)
         (sweep_dir,) = (work / "sweeps").iterdir()
         ledger = Ledger(work, sweep_dir.name)
-        points = live.points(work)
-        assert {k: points.get(k) for k in before} == before  # kept, as they were
-        assert len(points) == 4 and len(points) > len(before)  # measured during the outage
+        recorded = live.windows(work)
+        assert {k: recorded.get(k) for k in before} == before  # kept, as they were
+        assert len(recorded) == 4 and len(recorded) > len(before)  # measured during the outage
         missing = {e.measurement.key.engine_hash for e in ledger.entries()
                    if not e.measurement.ok}  # what run 1 left to measure
         if not missing:
             # run 1 finished every window during the outage: one of those is lost, so that the
             # next run has a window to measure (and to show in its flow-run log)
-            name = next(k for k in points if k not in before)
+            name = next(k for k in recorded if k not in before)
             (sweep_dir / "windows" / name).unlink()
-            missing = {points.pop(name)["key"]["engine_hash"]}
+            missing = {recorded.pop(name)["key"]["engine_hash"]}
         starts = len(ledger.engine_starts())
 
         # the server back on the same port and database; the deployment served again
@@ -157,7 +157,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
         assert (tmp_path / "work" / "sweeps").is_dir()  # the run really measured
         done = list(ledger.entries())
         assert len(done) == 4 and all(e.measurement.ok for e in done)
-        assert {k: live.points(work).get(k) for k in before} == before  # not measured again
+        assert {k: live.windows(work).get(k) for k in before} == before  # not measured again
         again = [e.hash for e in ledger.engine_starts()][starts:]
         assert sorted(again) == sorted(missing)  # started again: only what run 1 left
         _flow_run_shows_windows_and_the_decision(out, client_env, tmp_path)

@@ -135,7 +135,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         workers["0"].wait(timeout=30)
         (sweep_dir,) = (work / "sweeps").iterdir()
         ledger = Ledger(work, sweep_dir.name)
-        before = {k: m for k, m in live.points(work).items() if m["status"] == "ok"}
+        before = {k: m for k, m in live.windows(work).items() if m["status"] == "ok"}
         # its flow run's process and its engine end with it
         live.wait_for("nothing of worker 0 alive", lambda: not pids_with_env(
             "CUDA_VISIBLE_DEVICES", "0"), 60, *logs)
@@ -159,9 +159,9 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         assert all(r["parent"] != "None" for r in runs)  # subflow runs of the sweep's flow run
 
         # the windows measured before the kill were kept as they were
-        points = live.points(work)
-        assert {k: points.get(k) for k in before} == before
-        assert len(points) == 12 and all(m["status"] == "ok" for m in points.values())
+        recorded = live.windows(work)
+        assert {k: recorded.get(k) for k in before} == before
+        assert len(recorded) == 12 and all(m["status"] == "ok" for m in recorded.values())
 
         from mlflow.tracking import MlflowClient
 
