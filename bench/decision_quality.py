@@ -48,6 +48,11 @@ CV 10%, +10%, as the issue states the target: U80 = the engine-seconds uniform r
 Per deployment (trial): false promotion = any band of any class promoted anything in an A/A
 scenario; power = every band (2 classes x 2 bands) promoted c3; wrong candidate = any band
 promoted a candidate other than c3 in a gain scenario. Per-band rates are shown too.
+Resolution, per band: "off/band" is the share of bands concluded off (neither promoted nor left
+unresolved). `off_resolved_cv3` / `off_resolved_cv10`: A/A bands concluded off (the worse noise
+kind); `max_false_off`: the largest share of bands concluded off in a scenario where c3 truly
+gains at least twice the margin (+10% or +25% against 5%); `resolved_cv3_gain10`: bands
+concluded (promoted or off) at CV 3% with the +10% candidate.
 For speed the race's round replay is memoised within a sweep (`rounds._after_round` is a pure
 function of the records, which only grow; the critical values are cached in `specflow.stats`);
 `--no-memo` turns the replay memo off: identical decisions, slower. The last line is one JSON
@@ -102,7 +107,8 @@ TUNE_REPEATS = 5
 TUNE_REFUSE = 0.10
 MAD_SCALE = 1.4826
 TARGETS = {"false_promotion": 0.01, "wrong_candidate": 0.01, "power_cv3": 0.95,
-           "power_cv10": 0.80, "budget_ratio_cv10": 0.40}
+           "power_cv10": 0.80, "budget_ratio_cv10": 0.40, "false_off": 0.05,
+           "off_resolved_cv3": 0.90, "off_resolved_cv10": 0.70, "resolved_cv3_gain10": 0.95}
 PROMOTE = PromoteSpec(bootstrap_samples=100)
 
 
@@ -306,6 +312,8 @@ class Figures:
     unresolved_band: float
     engine_s: float
     errors: int
+    off_band: float = 0.0
+    """Bands concluded "off": neither promoted nor left unresolved (refused, for tune)."""
     false_count: int = 0
     wrong_count: int = 0
     k: int | None = None
@@ -320,6 +328,8 @@ def figures(scn: Scenario, trials: Sequence[Trial], k: int | None = None,
     any_promoted = sum(any(w is not None for w in t.promoted) for t in ok)
     wrong = sum(any(w not in (None, TRUE) for w in t.promoted) for t in ok)
     aa = scn.gain == 0
+    promoted_bands = sum(w is not None for t in ok for w in t.promoted)
+    unresolved = sum(t.unresolved for t in ok)
     return Figures(
         trials=len(trials),
         false_promotion=any_promoted / n if aa else None,
@@ -327,9 +337,10 @@ def figures(scn: Scenario, trials: Sequence[Trial], k: int | None = None,
                                   for t in ok) / n,
         power_band=None if aa else sum(w == TRUE for t in ok for w in t.promoted) / bands,
         wrong=None if aa else wrong / n,
-        unresolved_band=sum(t.unresolved for t in ok) / bands,
+        unresolved_band=unresolved / bands,
         engine_s=float(np.mean([t.engine_s for t in trials])) if trials else 0.0,
         errors=len(trials) - len(ok),
+        off_band=(bands - unresolved - promoted_bands) / bands if ok else 0.0,
         false_count=any_promoted if aa else 0,
         wrong_count=0 if aa else wrong,
         k=k, k_reached=k_reached)
@@ -352,7 +363,7 @@ def table(title: str, rows: Sequence[tuple[Scenario, Figures]], unresolved_label
           with_k: bool = False) -> None:
     print(f"\n{title}")
     head = (f"{'scenario':<30}{'trials':>7}{'false prom':>11}{'power':>8}{'pow/band':>9}"
-            f"{'wrong':>8}{unresolved_label:>11}{'engine-s':>10}")
+            f"{'wrong':>8}{unresolved_label:>11}{'off/band':>9}{'engine-s':>10}")
     if with_k:
         head += f"{'k':>5}"
     print(head)
@@ -360,7 +371,7 @@ def table(title: str, rows: Sequence[tuple[Scenario, Figures]], unresolved_label
     for scn, f in rows:
         line = (f"{scn.name:<30}{f.trials:>7}{_pct(f.false_promotion):>11}{_pct(f.power):>8}"
                 f"{_pct(f.power_band):>9}{_pct(f.wrong):>8}{_pct(f.unresolved_band):>11}"
-                f"{f.engine_s:>10.0f}")
+                f"{_pct(f.off_band):>9}{f.engine_s:>10.0f}")
         if with_k:
             line += f"{('' if f.k_reached else '>=') + str(f.k):>5}"
         if f.errors:
@@ -542,6 +553,14 @@ def main() -> int:
     ratio10_bound = not all(ratios[s][1] for s in cv10)
     worst_false = max(aa_rows, key=lambda s: race[s].false_promotion or 0.0)
     f = race[worst_false]
+    # Resolution: A/A bands concluded "off"; bands concluded off while the candidate truly
+    # gains at least twice the margin (+10% against 5%); bands concluded at CV 3% with +10%.
+    off3 = min(race[s].off_band for s in by(0.03, 0.0))
+    off10 = min(race[s].off_band for s in by(0.10, 0.0))
+    big = [s for s in scns if s.gain >= 2 * PROMOTE.margin]
+    false_off = max(race[s].off_band for s in big)
+    worst_off = max(big, key=lambda s: race[s].off_band)
+    resolved3 = min(1 - race[s].unresolved_band for s in by(0.03, 0.10))
 
     print("\ntargets (race; powers are the worse of the two noise kinds):")
     checks = [
@@ -562,6 +581,14 @@ def main() -> int:
          ratio40 <= TARGETS["budget_ratio_cv10"] and p10 >= TARGETS["power_cv10"],
          f"race spent {ratio40:.2f} of U80 (at the default budget, vs uniform at the race's "
          f"power: {'>= ' if ratio10_bound else ''}{ratio10:.2f})"),
+        ("false_off", "bands concluded off while a candidate truly gains +10% (5% margin) "
+         "<= 5%", false_off <= TARGETS["false_off"], f"max {false_off:.1%} ({worst_off.name})"),
+        ("off_resolved_cv3", "A/A bands concluded off at CV 3% >= 90%",
+         off3 >= TARGETS["off_resolved_cv3"], f"{off3:.1%}"),
+        ("off_resolved_cv10", "A/A bands concluded off at CV 10% >= 70%",
+         off10 >= TARGETS["off_resolved_cv10"], f"{off10:.1%}"),
+        ("resolved_cv3_gain10", "bands concluded at CV 3% with a +10% candidate >= 95%",
+         resolved3 >= TARGETS["resolved_cv3_gain10"], f"{resolved3:.1%}"),
     ]
     for _, what, met, detail in checks:
         print(f"  [{'met' if met else 'NOT MET'}] {what}: {detail}")
@@ -583,6 +610,10 @@ def main() -> int:
         "budget_ratio_cv10_at_default_budget": ratio10,
         "budget_ratio_cv10_at_default_budget_lower_bound": ratio10_bound,
         "power_cv10_gain10_at_default_budget": p10_default,
+        "off_resolved_cv3": off3,
+        "off_resolved_cv10": off10,
+        "max_false_off": false_off,
+        "resolved_cv3_gain10": resolved3,
         "cv10_protocol": {s.name: p for s, p in protocol.items()},
         "trials": trials,
         "uniform_trials": u_trials,
