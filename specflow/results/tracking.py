@@ -221,6 +221,10 @@ class Tracker:
                 self.client.log_artifact(run_id, str(f), artifact_path)
         self.client.set_terminated(run_id, status=status)
 
+    def set_note(self, run_id: str, markdown: str) -> None:
+        """The run's description (`mlflow.note.content`), shown first on its page."""
+        self.client.set_tag(run_id, "mlflow.note.content", markdown)
+
     def log_round(self, run_id: str, index: int, metrics: dict[str, float],
                   tags: dict[str, str]) -> None:
         """A racing round's trail on the parent run: metrics at step = round (idempotent: a

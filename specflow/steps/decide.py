@@ -14,7 +14,7 @@ from specflow.decision.choose import analyze, decision_rows
 from specflow.decision.model import Analysis, AnalysisError
 from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
-from specflow.results import report
+from specflow.results import console, report
 from specflow.search import predict, rounds
 from specflow.search.plan import BandKey, spent_by, split_baseline
 from specflow.search.schedules import measured_schedules
@@ -120,6 +120,10 @@ def decide(ctx: Context) -> Outcome:
     if ctx.tracker is not None and ctx.parent_run_id is not None:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:
+            ctx.tracker.set_note(ctx.parent_run_id, console.decision_note(
+                f"Decision per traffic class and concurrency band: sweep {ctx.sid}, "
+                f"{ctx.plan.target} on {ctx.plan.hardware}", console.decision_lines(table),
+                [(p.traffic_class, _champion(p)) for p in promotions]))
             ctx.tracker.log_summary(ctx.parent_run_id, {
                 "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
                 **band_metrics(table), **predict.summary(versus)}, [files.report, *files.plots],
@@ -146,6 +150,15 @@ def band_metrics(table: list[dict[str, Any]]) -> dict[str, float]:
         if row["acceptance_rate"] is not None:
             out[f"{key}.acceptance_rate"] = row["acceptance_rate"]
     return out
+
+
+def _champion(p: promote.Promotion) -> str:
+    """What a class's champion became, in words."""
+    if p.status == "unresolved":
+        return "unresolved: the champion is kept as it was"
+    if p.status == "refused":
+        return f"refused by the regression gate (record: {p.path})"
+    return f"{p.status}, version {p.version}: {p.path}"
 
 
 def _register(ctx: Context, promotion: promote.Promotion) -> None:

@@ -149,6 +149,9 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path) -> None:
     assert "### Per request, by prompt length (c=1)" in report
     assert "report/request_acceptance-chat.png" in {
         a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    note = parent.data.tags["mlflow.note.content"]  # the run's description: the decision
+    assert note.startswith("**Decision per traffic class and concurrency band: sweep ")
+    assert "| chat | c1 | " in note and "- chat: " in note
     parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "plan.json", "pins.json", "report"} <= parent_files
     # what the band deploys, charted per band across re-validations in the MLflow UI
@@ -203,8 +206,12 @@ def _mlflow_ui_shows_the_sweep(tmp: Path, page: str, parent, child) -> None:  # 
     try:
         shots = tmp / "screenshots"
         shots.mkdir()
-        opened = _page(f"{server.uri}/{page}", tmp, [parent.info.run_name, "Model metrics"])
+        # the link opens the parent run's Overview, its description the decision table
+        note = "Decision per traffic class and concurrency band"
+        opened = _page(f"{server.uri}/{page}", tmp, [parent.info.run_name, "Model metrics", note],
+                       shots / "parent.png")
         assert parent.info.run_name in opened and "Model metrics" in opened, opened[:2000]
+        assert f"Description {note}" in opened and "Champions chat: " in opened, opened[:3000]
         exp = parent.info.experiment_id
         count = f"{len(runs)} matching runs"  # the parent and its windows
         table = _page(f"{server.uri}/#/experiments/{exp}/runs?workflowType=machine_learning",

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from specflow.decision.choose import analyze, decision_rows
-from specflow.results.console import NARROW, decision_lines, print_outcome
+from specflow.results.console import NARROW, decision_lines, decision_note, print_outcome
 from specflow.spec.schema import PromoteSpec
 from tests.builders import Cand, engine, sweep
 
@@ -71,3 +71,22 @@ def test_a_wide_console_gets_the_table() -> None:
     assert "│" in text and "runner-up / why not" in text
     row = next(line for line in text.splitlines() if "eagle3-n3-with-a-long-engine-name" in line)
     assert CI.search(row)  # the interval in its cell, on the row's line
+
+
+def test_the_mlflow_note_is_the_decision_table_with_the_champions() -> None:
+    lines = decision_lines(_summary()["table"])
+    champions = [("math", "promoted, version 3: /p/math/champion.json")]
+    note = decision_note("Decision per traffic class and concurrency band", lines, champions)
+    rows = note.splitlines()
+    assert rows[0] == "**Decision per traffic class and concurrency band**"
+    assert rows[2] == "| " + " | ".join(lines[0]) + " |"  # the console's columns
+    body = [r for r in rows if r.startswith("| math |")]
+    assert len(body) == len(lines) == 2  # one row per band: c1 and c8
+    assert all(CI.search(r) for r in body)
+    assert "- math: promoted, version 3: /p/math/champion.json" in rows
+    # a cell's own "|" cannot split the Markdown table; MLflow's tag size is kept
+    piped = [{**lines[0], "runner-up / why not": "a | b"}]
+    assert "a \\| b |" in decision_note("t", piped, [])
+    cut = decision_note("t", lines * 200, champions, limit=1000)
+    assert len(cut) <= 1000 and cut.endswith("has all of it)")
+    assert decision_note("t", [], []).splitlines()[2] == "no decision"
