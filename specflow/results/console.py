@@ -101,7 +101,8 @@ NARROW = 100
 
 def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Per traffic class and band: what is deployed, its N and speedup [CI], and the best
-    other candidate with its verdict (the console's table and the flow run's table artifact)."""
+    other candidate with its verdict (the console's table, the flow run's table artifact and the
+    MLflow parent run's note, `report.decision_note`)."""
     out = []
     for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
         mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
@@ -118,32 +119,6 @@ def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
                                     f"[{best['lo']:.3f}, {best['hi']:.3f}] {best['verdict']}"
                                     if best else "")})
     return out
-
-
-def decision_note(title: str, lines: Sequence[Mapping[str, str]],
-                  champions: Sequence[tuple[str, str]], limit: int = 8000) -> str:
-    """The decision as Markdown for the sweep's MLflow parent run description (its note, the
-    first thing its page shows): the `decision_lines` table, then each class's champion; cut
-    to `limit` characters (MLflow's tag size) with a pointer to the report."""
-    def cell(v: str) -> str:
-        return v.replace("|", "\\|").replace("\n", " ")
-
-    out = [f"**{title}**", ""]
-    if lines:
-        cols = list(lines[0])
-        out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        out += ["| " + " | ".join(cell(row[c]) for c in cols) + " |" for row in lines]
-    else:
-        out.append("no decision")
-    if champions:
-        out += ["", "**Champions**", ""]
-        out += [f"- {cls}: {what}" for cls, what in champions]
-    out += ["", "Every candidate, with plots: the `report/report.md` artifact."]
-    text = "\n".join(out)
-    if len(text) > limit:
-        tail = "\n\n(cut here: the `report/report.md` artifact has all of it)"
-        text = text[:limit - len(tail)] + tail
-    return text
 
 
 def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None:

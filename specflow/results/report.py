@@ -291,6 +291,29 @@ def _cell(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def decision_note(title: str, lines: Sequence[Mapping[str, str]],
+                  champions: Sequence[tuple[str, str]], limit: int = 8000) -> str:
+    """The decision as Markdown for the sweep's MLflow parent run description (its note, the
+    first thing its page shows): the `decision_lines` table, then each class's champion; cut
+    to `limit` characters (MLflow's tag size) with a pointer to the report."""
+    out = [f"**{title}**", ""]
+    if lines:
+        cols = list(lines[0])
+        out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        out += ["| " + " | ".join(_cell(row[c]) for c in cols) + " |" for row in lines]
+    else:
+        out.append("no decision")
+    if champions:
+        out += ["", "**Champions**", ""]
+        out += [f"- {cls}: {what}" for cls, what in champions]
+    out += ["", "Every candidate, with plots: the `report/report.md` artifact."]
+    text = "\n".join(out)
+    if len(text) > limit:
+        tail = "\n\n(cut here: the `report/report.md` artifact has all of it)"
+        text = text[:limit - len(tail)] + tail
+    return text
+
+
 def _settings_line(analysis: Analysis) -> str:
     s = analysis.settings
     q = s["quality"]

@@ -120,7 +120,7 @@ def decide(ctx: Context) -> Outcome:
     if ctx.tracker is not None and ctx.parent_run_id is not None:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:
-            ctx.tracker.set_note(ctx.parent_run_id, console.decision_note(
+            ctx.tracker.set_note(ctx.parent_run_id, report.decision_note(
                 f"Decision per traffic class and concurrency band: sweep {ctx.sid}, "
                 f"{ctx.plan.target} on {ctx.plan.hardware}", console.decision_lines(table),
                 [(p.traffic_class, _champion(p)) for p in promotions]))

@@ -9,7 +9,8 @@ import pytest
 from rich.console import Console
 
 from specflow.decision.choose import analyze, decision_rows
-from specflow.results.console import NARROW, decision_lines, decision_note, print_outcome
+from specflow.results.console import NARROW, decision_lines, print_outcome
+from specflow.results.report import decision_note
 from specflow.spec.schema import PromoteSpec
 from tests.builders import Cand, engine, sweep
 
