@@ -558,8 +558,8 @@ def main() -> int:
     off3 = min(race[s].off_band for s in by(0.03, 0.0))
     off10 = min(race[s].off_band for s in by(0.10, 0.0))
     big = [s for s in scns if s.gain >= 2 * PROMOTE.margin]
-    false_off = max(race[s].off_band for s in big)
     worst_off = max(big, key=lambda s: race[s].off_band)
+    false_off = race[worst_off].off_band
     resolved3 = min(1 - race[s].unresolved_band for s in by(0.03, 0.10))
 
     print("\ntargets (race; powers are the worse of the two noise kinds):")

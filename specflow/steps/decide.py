@@ -120,14 +120,14 @@ def decide(ctx: Context) -> Outcome:
     if ctx.tracker is not None and ctx.parent_run_id is not None:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:
-            ctx.tracker.set_note(ctx.parent_run_id, report.decision_note(
-                f"Decision per traffic class and concurrency band: sweep {ctx.sid}, "
-                f"{ctx.plan.target} on {ctx.plan.hardware}", console.decision_lines(table),
-                [(p.traffic_class, _champion(p)) for p in promotions]))
             ctx.tracker.log_summary(ctx.parent_run_id, {
                 "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
                 **band_metrics(table), **predict.summary(versus)}, [files.report, *files.plots],
                 artifact_path="report")
+            ctx.tracker.set_note(ctx.parent_run_id, report.decision_note(
+                f"Decision per traffic class and concurrency band: sweep {ctx.sid}, "
+                f"{ctx.plan.target} on {ctx.plan.hardware}", console.decision_lines(table),
+                [(p.traffic_class, _champion(p)) for p in promotions]))
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
     return Outcome(True, problems, files.report, list(files.plots), promotions, table)
