@@ -59,6 +59,29 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     shutil.rmtree(rpc, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `prefect server` for the main jobs of this test worker, started once: a main job
+    without PREFECT_API_URL starts Prefect's temporary server (~20 CPU-seconds, most of a main
+    job's overhead); one pointed at a running API is what a production install does. The main
+    jobs that check the temporary server (its start and its cleanup) do not use this one."""
+    from tests.pipelines import live
+
+    tmp = tmp_path_factory.mktemp("prefect-api")
+    port = live.port()
+    env = dict(os.environ, PREFECT_HOME=str(tmp / "home"),
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
+    env.pop("PREFECT_API_URL", None)
+    server = live.start_server(tmp, port, env)
+    try:
+        api = f"http://127.0.0.1:{port}/api"
+        live.wait_http(f"{api}/health", server, tmp / "server.log", 180)
+        yield api
+    finally:
+        live.stop(server)
+
+
 def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m specflow ARGS` in a real subprocess (exit code and streams as a user sees)."""
     return subprocess.run([sys.executable, "-m", "specflow", *args], cwd=cwd, capture_output=True,

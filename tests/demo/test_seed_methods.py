@@ -49,8 +49,10 @@ SEED_CHECKPOINTS = {  # (drafter entry, target) -> tiny kind of the checkpoint
     ("dflash", "tiny_qwen3_random"): "qwen3_dflash_random",
 }
 DIRECT = [  # measured here, besides the main job: (target, drafter, engine configs)
-    ("tiny_gemma4", "gemma4_mtp", ("baseline", "gemma4_mtp-n1", "gemma4_mtp-n2")),
-    ("tiny_qwen3", "dflash", ("baseline", "dflash-n2", "dflash-n4")),
+    # one N per drafter beside the main job's N=1 and N=2 of native MTP: each engine start
+    # costs ~30 CPU-seconds here, and a second N checks nothing the first does not
+    ("tiny_gemma4", "gemma4_mtp", ("baseline", "gemma4_mtp-n2")),
+    ("tiny_qwen3", "dflash", ("baseline", "dflash-n4")),
     ("tiny_mimo_mtp2_random", "mtp", ("mtp-n2",)),
     ("tiny_gemma4_random", "gemma4_mtp", ("gemma4_mtp-n2",)),
     ("tiny_qwen3_random", "dflash", ("dflash-n4",)),
@@ -225,16 +227,17 @@ class Runs:
     starts: dict[tuple[str, str], Start]
 
 
-def _job_env(tmp: Path) -> dict[str, str]:
-    """A hermetic Prefect home and MLflow store for the main job."""
+def _job_env(tmp: Path, api: str) -> dict[str, str]:
+    """A hermetic Prefect home and MLflow store for the main job, on the worker's Prefect API
+    (tests/conftest.py)."""
     env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"),
            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(tmp / "results"),
            "PREFECT_SERVER_MEMO_STORE_PATH": str(tmp / "memo"),
-           "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp)}
-    env.pop("PREFECT_API_URL", None)
+           "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp),
+           "PREFECT_API_URL": api}
     return env
 
 
@@ -254,13 +257,14 @@ def _job_starts(tmp: Path, models: Path) -> dict[tuple[str, str], Start]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> Runs:
+def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path, prefect_api: str) -> Runs:
     """The main job in the background while this process makes the direct starts."""
     models = tiny_models
     job_dir = tmp_path_factory.mktemp("job")
     with open(job_dir / "stdout.txt", "w") as out, open(job_dir / "stderr.txt", "w") as err:
         job = subprocess.Popen([sys.executable, "-m", "specflow", *_job_args(job_dir, models)],
-                               cwd=job_dir, env=_job_env(job_dir), stdout=out, stderr=err)
+                               cwd=job_dir, env=_job_env(job_dir, prefect_api), stdout=out,
+                               stderr=err)
     try:
         starts: dict[tuple[str, str], Start] = {}
         work = tmp_path_factory.mktemp("direct")
@@ -348,12 +352,12 @@ def test_native_mtp_accepts_every_draft_with_the_baselines_outputs(runs: Runs) -
 
 @pytest.mark.engine
 def test_gemma4_mtp_accepts_every_draft_with_the_baselines_outputs(runs: Runs) -> None:
-    _assert_agrees(runs, "tiny_gemma4", "gemma4_mtp", (1, 2))
+    _assert_agrees(runs, "tiny_gemma4", "gemma4_mtp", (2,))
 
 
 @pytest.mark.engine
 def test_dflash_accepts_every_draft_with_the_baselines_outputs(runs: Runs) -> None:
-    _assert_agrees(runs, "tiny_qwen3", "dflash", (2, 4))
+    _assert_agrees(runs, "tiny_qwen3", "dflash", (4,))
 
 
 @pytest.mark.engine
@@ -387,7 +391,7 @@ def test_headroom_kv_capacity_equals_the_engines_log(runs: Runs) -> None:
         seen[f"{target}/{name}"] = (estimate.tokens, reported)
         assert abs(estimate.tokens - reported) <= estimate.block_size, seen
     print("estimated vs reported KV tokens:", seen)
-    assert len(seen) == 12
+    assert len(seen) == 10
     # MTP layers hold KV (one full-attention layer per MTP layer); the assistant holds none;
     # the DFlash layer's KV is counted although its head size differs from the target's
     assert seen["tiny_mimo_mtp/mtp-n1"][1] < seen["tiny_mimo_mtp/baseline"][1]
