@@ -86,7 +86,7 @@ from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis, AnalysisError
 from specflow.records.measurement import Measurement
 from specflow.search import rounds, simulate
-from specflow.search.plan import EngineStart, Round, Shape, spent_by
+from specflow.search.plan import EngineStart, Round, Shape, final_rules, spent_by
 from specflow.spec.schema import BudgetSpec, PromoteSpec
 
 START_S = 25.0
@@ -223,7 +223,7 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     # As `steps.decide` does: a measured N schedule (not simulated here) is checked apart.
     opening, later = _split([m for m in ms if m.stage != "schedule"], sim.shape.baseline)
     try:
-        result = analyze(opening, PROMOTE, closing_baseline=later, race=prog.states)
+        result = analyze(opening, final_rules(PROMOTE), closing_baseline=later, race=prog.states)
     except AnalysisError as exc:
         return Trial((), 0, spent, str(exc)[:200])
     winners, unresolved = _promoted(result)

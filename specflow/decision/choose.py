@@ -187,8 +187,32 @@ def _speedups(ok: Sequence[PointStats], inputs: _BandInputs) -> list[PointSpeedu
         out.append(PointSpeedup(
             p.workload, p.concurrency, Estimate(c.speedup, lo, hi, promote.confidence),
             c.n_windows, c.n_baseline_windows, c.cv, c.p_above(1 + promote.margin),
-            c.n_starts, c.n_baseline_starts, c.replicated))
+            c.n_starts, c.n_baseline_starts, c.replicated,
+            c.interval(1 - 2 * promote.futility)[1]))
     return out
+
+
+def rule_out_threshold(promote: PromoteSpec) -> float:
+    """A gain this large excluded rules a candidate out: 1 + 2 x margin."""
+    return 1 + 2 * promote.margin
+
+
+def _ruled_out(reasons: Sequence[Reason], speedups: Sequence[PointSpeedup],
+               promote: PromoteSpec) -> str:
+    """Why a candidate cannot be the band's answer, or "" while it may: a gate it fails, or at
+    some point of the band (the band takes its worst point) a gain of 2 x margin excluded at
+    1 - futility."""
+    gates = [r for r in reasons if r.gate not in ("speedup", "family", "race")]
+    if gates:
+        return "; ".join(str(r) for r in gates)
+    bar = rule_out_threshold(promote)
+    below = [s for s in speedups if s.rule_out_hi < bar]
+    if not below:
+        return ""
+    s = min(below, key=lambda s: s.rule_out_hi)
+    return (f"a gain of {bar - 1:.0%} or more is excluded at {s.workload} c={s.concurrency} "
+            f"(speedup {s.speedup.value:.3f}, {1 - promote.futility:.1%} upper bound "
+            f"{s.rule_out_hi:.3f} < {bar:.3f})")
 
 
 def _speedup_reason(s: PointSpeedup, promote: PromoteSpec) -> Reason | None:
@@ -241,6 +265,7 @@ def _verdict(inputs: _BandInputs, pts: Sequence[PointStats]) -> Verdict:
         quality=quality, rejected=tuple(reasons),
         per_position_acceptance=_median_curve(p.per_position_acceptance for p in ok),
         acceptance_rate=_median_acceptance(ok),
+        ruled_out=_ruled_out(reasons, speedups, inputs.promote),
     )
 
 
@@ -289,12 +314,26 @@ def _winner_reasons(winner: Verdict, promote: PromoteSpec) -> tuple[str, ...]:
 
 
 def _off_reasons(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
-    """Why speculation is off in a band: nothing measured, or the gates every candidate failed."""
+    """Why speculation is off in a band: nothing measured, or every candidate ruled out."""
     if not verdicts:
         return ("no speculative candidate was measured in this band",)
-    by_gate = Counter(g for v in verdicts for g in dict.fromkeys(r.gate for r in v.rejected))
-    return (f"speculation off: none of {len(verdicts)} candidates passed "
-            f"(rejected by {', '.join(f'{g} x{n}' for g, n in by_gate.items())})",)
+    return (f"speculation off: every one of {len(verdicts)} candidates is ruled out",
+            *(f"{v.engine} ruled out: {v.ruled_out}" for v in verdicts))
+
+
+def _open_why(still_open: Sequence[Verdict], promote: PromoteSpec) -> str:
+    """An undecided band in one line: its open candidates' best estimate and what settles it."""
+    best = max(still_open, key=lambda v: v.worst.speedup.value if v.worst else 0.0)
+    names = ", ".join(v.engine for v in still_open)
+    if best.worst is None:
+        return f"{names} neither shown to win nor ruled out"
+    e = best.worst.speedup
+    need = starts_needed(best.worst, 1 + promote.margin, promote.confidence)
+    settle = (f"about {need} engine starts per side would settle {best.engine}" if need
+              else f"more engine starts would rule {best.engine} out")
+    return (f"{names} neither shown to win nor ruled out; best {best.engine} {e.value:.3f} "
+            f"[{e.lo:.3f}, {e.hi:.3f}] at {best.worst.workload} c={best.worst.concurrency}; "
+            f"{settle}")
 
 
 def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
@@ -309,6 +348,9 @@ def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
         reasons = _winner_reasons(winner, inputs.promote)
         candidates = (winner, *sorted(others, key=lambda v: -(v.score or 0.0)), *rejected)
     else:
+        # off is concluded only when every candidate is ruled out
+        still_open = [v for v in verdicts if v.outcome == "open"]
+        unresolved = (unresolved or _open_why(still_open, inputs.promote)) if still_open else ""
         reasons = (f"unresolved: {unresolved}",) if unresolved else _off_reasons(verdicts)
         candidates = (*sorted(eligible, key=_tie_key), *rejected)
     return Decision(traffic_class=inputs.traffic_class, band=band, levels=levels,
@@ -608,10 +650,15 @@ def _raced(inputs: _BandInputs, band: Band, state: BandState | None) -> list[Ver
             cv = _verdict(confirm_inputs, pts)
             if state.status != "confirmed" and cv.eligible:
                 cv = dataclasses.replace(cv, rejected=(Reason("race", state.why),))
-            out.append(cv)
+            # winning is shown on fresh starts; ruling out may use every start (selecting the
+            # best only makes its estimate high, so a rule-out on all of them stays valid)
+            out.append(dataclasses.replace(cv, ruled_out=cv.ruled_out or v.ruled_out))
         elif v.eligible or v.engine_hash in why:
             reason = why.get(v.engine_hash) or "not selected by the race"
-            out.append(dataclasses.replace(v, rejected=(*v.rejected, Reason("race", reason))))
+            ruled = v.ruled_out or (reason if state is not None
+                                    and v.engine_hash in state.ruled_out else "")
+            out.append(dataclasses.replace(v, rejected=(*v.rejected, Reason("race", reason)),
+                                           ruled_out=ruled))
         else:
             out.append(v)
     return out
@@ -640,7 +687,9 @@ def _family_corrected(staged: Sequence[_ClassVerdicts], promote: PromoteSpec
 
 
 def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
-    """The decision table: one row per band x candidate, plus the "off" row of every band."""
+    """The decision table: one row per band x candidate, plus the "off" row of every band.
+    A candidate's verdict: wins, passes (every gate; another chosen), ruled out, open; the off
+    row's: wins (the band concludes off), beaten (a candidate wins), unresolved."""
     rows = []
     for d in result.decisions:
         for v in d.candidates:
@@ -649,19 +698,19 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
             rows.append({
                 "traffic_class": d.traffic_class, "band": d.band.label, "engine": v.engine,
                 "engine_hash": v.engine_hash, "method": v.method, "N": v.num_speculative_tokens,
-                "verdict": v.status,
+                "verdict": v.outcome,
                 "speedup": s.value if s else None, "lo": s.lo if s else None,
                 "hi": s.hi if s else None,
                 "worst_point": f"{v.worst.workload} c={v.worst.concurrency}" if v.worst else None,
                 "quality": q.summary if q else None,
                 "acceptance_rate": v.acceptance_rate,
-                "why": "; ".join(str(r) for r in v.rejected) or v.note,
+                "why": v.ruled_out if v.outcome == "ruled out"
+                else "; ".join(str(r) for r in v.rejected) or v.note,
             })
         rows.append({
             "traffic_class": d.traffic_class, "band": d.band.label, "engine": "off (baseline)",
             "engine_hash": result.deployment.baseline_hash, "method": BASELINE_METHOD, "N": 0,
-            "verdict": ("unresolved" if d.outcome == "unresolved" else "winner")
-            if d.winner is None else "eligible",
+            "verdict": {"off": "wins", "unresolved": "unresolved"}.get(d.outcome, "beaten"),
             "speedup": 1.0, "lo": 1.0, "hi": 1.0, "worst_point": None, "quality": None,
             "acceptance_rate": None,
             "why": "; ".join(d.reasons) if d.winner is None else "a candidate passed every gate",

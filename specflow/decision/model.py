@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -115,6 +116,8 @@ class PointSpeedup:
     baseline_starts: int = 1
     replicated: bool = True
     """False when no config had two engine starts: the CI treats windows as independent."""
+    rule_out_hi: float = math.inf
+    """One-sided upper bound at 1 - `promote.futility`: below 1 + 2 x margin rules it out."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,20 @@ class Verdict:
     """For eligible non-winners: why another candidate was preferred."""
     per_position_acceptance: tuple[float, ...] = ()
     acceptance_rate: float | None = None
+    ruled_out: str = ""
+    """Why it cannot be the band's answer (a gate it fails, or a gain of twice the margin
+    excluded); empty while it wins or is still open."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def outcome(self) -> Literal["wins", "passes", "ruled out", "open"]:
+        """wins: chosen; passes: clears every gate, another was chosen; ruled out: see
+        `ruled_out`; open: neither shown to win nor ruled out (more engine starts settle it)."""
+        if self.status == "winner":
+            return "wins"
+        if self.eligible:
+            return "passes"
+        return "ruled out" if self.ruled_out else "open"
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -31,6 +31,9 @@ class BandState:
     dropped: tuple[tuple[str, str], ...] = ()
     """(engine hash, why) of every candidate dropped so far, in the order they were dropped."""
     estimates: Mapping[str, Interval] = field(default_factory=dict)
+    ruled_out: tuple[str, ...] = ()
+    """Engine hashes of `dropped` that the race ruled out (a gate, a gain of 2 x margin excluded
+    at the look's futility share, outranked); the others were dropped for another's selection."""
     looks: int = 0
     """Confirmation looks taken."""
     why: str = ""

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from specflow.decision.model import BASELINE_METHOD
 from specflow.records.measurement import Measurement
 from specflow.search.rounds import SearchState
 from specflow.spec.memory import Headroom
@@ -106,13 +107,15 @@ def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     out = []
     for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
         mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
-        win = next(r for r in mine if r["verdict"] in ("winner", "unresolved"))
+        win = next(r for r in mine if r["verdict"] in ("wins", "unresolved"))
         others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
                         key=lambda r: -(r["lo"] or 0))
         best = others[0] if others else None
+        outcome = ("unresolved" if win["verdict"] == "unresolved"
+                   else "off" if win["method"] == BASELINE_METHOD else "promote")
         out.append({
-            "class": cls, "band": band,
-            "deploy": win["engine"] if win["verdict"] == "winner" else "unresolved (champion kept)",
+            "class": cls, "band": band, "outcome": outcome,
+            "deploy": win["engine"] if win["verdict"] == "wins" else "the champion (kept)",
             "N": str(win["N"]),
             "speedup [CI]": f"{win['speedup']:.3f} [{win['lo']:.3f}, {win['hi']:.3f}]",
             "runner-up / why not": (f"{best['engine']}: {best['speedup']:.3f} "
@@ -137,7 +140,8 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
     elif lines:
         out.print(f"[bold]{title}[/]")
         for row in lines:
-            out.print(escape(f"{row['class']} {row['band']}: {row['deploy']} N={row['N']} "
+            out.print(escape(f"{row['class']} {row['band']}: {row['outcome']}: {row['deploy']} "
+                             f"N={row['N']} "
                              f"{row['speedup [CI]']}"), highlight=False, soft_wrap=True)
             if row["runner-up / why not"]:
                 out.print(escape(f"  runner-up: {row['runner-up / why not']}"),

@@ -376,7 +376,12 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
                    requests: Sequence[LevelRequests] = ()) -> list[str]:
     dep = r.deployment
     lines = [f"## Traffic class `{r.traffic_class}`", ""]
-    if dep.outcome == "off":
+    undecided = [d.band.label for d in r.decisions if d.outcome == "unresolved"]
+    if undecided:
+        lines.append(f"**Undecided: the champion is kept** (unresolved: band"
+                     f"{'s' * (len(undecided) > 1)} {', '.join(undecided)}; the other bands "
+                     "are concluded below).")
+    elif dep.outcome == "off":
         lines.append(f"**Deploy: speculation off** (the no-speculation baseline, engine "
                      f"`{dep.engine_hash}`).")
     else:
@@ -388,7 +393,8 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
     lines += [f"- {x}" for x in dep.reasons] + [""]
     for d in r.decisions:
         q = d.winner.quality if d.winner else None
-        lines.append(f"- band {d.band.label} (levels {list(d.levels)}): **{d.outcome}** — "
+        word = "promote" if d.outcome == "speculate" else d.outcome
+        lines.append(f"- band {d.band.label} (levels {list(d.levels)}): **{word}** — "
                      + "; ".join(d.reasons))
         lines += [f"  - note: {n}" for n in d.notes]
         if q is not None:

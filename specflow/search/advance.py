@@ -13,7 +13,7 @@ from specflow.decision.model import Analysis, Verdict
 from specflow.decision.race import BandState, Interval
 from specflow.records.measurement import Measurement
 from specflow.search import predict
-from specflow.search.budget import cannot_win, clear_leader
+from specflow.search.budget import clear_leader, dominated
 from specflow.search.plan import BandKey, Shape, _fast, split_baseline
 from specflow.spec.schema import PromoteSpec
 from specflow.stats.critical import z_upper
@@ -54,9 +54,8 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
                  ) -> dict[BandKey, BandState]:
     """The band states after an exploration or a confirmation round."""
     opening, later = split_baseline(data, shape.baseline)
-    result = analyze(opening, _fast(promote), closing_baseline=later,
-                              refused_by_headroom=refused, family="none", stage=stage,
-                              partial=True)
+    result = analyze(opening, _fast(promote, shape.budget), closing_baseline=later,
+                     refused_by_headroom=refused, family="none", stage=stage, partial=True)
     verdicts = _band_estimates(result)
     out = dict(states)
     if stage == "explore":
@@ -78,9 +77,8 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     probes); drop the rest with their prediction. A band with nothing to add takes an ordinary
     exploration step. Returns the states and whether any band added a contender."""
     opening, later = split_baseline(data, shape.baseline)
-    result = analyze(opening, _fast(promote), closing_baseline=later,
-                              refused_by_headroom=refused, family="none", stage="explore",
-                              partial=True)
+    result = analyze(opening, _fast(promote, shape.budget), closing_baseline=later,
+                     refused_by_headroom=refused, family="none", stage="explore", partial=True)
     verdicts = _band_estimates(result)
     windows: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
     for m in data:
@@ -107,22 +105,27 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                 pending.append(h)  # nothing to predict from: measure it
             elif iv.hi < threshold or iv.hi < best_lo:
                 bound = threshold if iv.hi < threshold else best_lo
-                pruned.append((h, f"round 0: predicted {iv.value:.3f} [{iv.lo:.3f}, "
-                                  f"{iv.hi:.3f}] at {iv.point} from {vs[ch.probe].engine}: "
-                                  f"cannot win (upper bound < {bound:.3f}); not started"))
+                pruned.append((h, f"round 0: ruled out: predicted {iv.value:.3f} "
+                                  f"[{iv.lo:.3f}, {iv.hi:.3f}] at {iv.point} from "
+                                  f"{vs[ch.probe].engine}: cannot win (upper bound < "
+                                  f"{bound:.3f}); not started"))
             elif h in outranked:
-                pruned.append((h, f"round 0: {outranked[h]}; not started"))
+                pruned.append((h, f"round 0: ruled out: {outranked[h]}; not started"))
             else:
                 pending.append(h)
+        ruled = (*st.ruled_out, *(h for h, _ in pruned))
         if pending:
             added = True
-            gated = [(h, f"round 0: {_gate_reasons(vs[h]) if h in vs else 'not measured'}")
+            gated = [(h, f"round 0: ruled out: {_gate_reasons(vs[h])}" if h in vs
+                      and _gate_reasons(vs[h]) else "round 0: not measured")
                      for h in st.contenders if h not in measured]
             keep = tuple(h for h in shape.candidates if h in measured or h in pending)
             out[key] = replace(st, contenders=keep, dropped=(*st.dropped, *gated, *pruned),
-                               estimates=measured)
+                               estimates=measured, ruled_out=(*ruled, *(
+                                   h for h, why in gated if "ruled out" in why)))
         else:
-            stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned)), vs,
+            stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned),
+                                            ruled_out=ruled), vs,
                                     _drift_protected(result, key, vs, data), promote, 0,
                                     shape.budget.max_rounds)
             out[key] = stepped
@@ -218,29 +221,42 @@ def _outranked(held: Sequence[str], chains: Mapping[str, predict.Chain],
 def _explore_step(st: BandState, verdicts: Mapping[str, Verdict],
                   protected: set[str], promote: PromoteSpec, index: int, max_rounds: int
                   ) -> BandState:
-    """Drop what cannot win (on a gate at once; on its speedup after two engine starts); select
-    a winner when one is left, leads clearly or is already above the margin."""
+    """Rule out what cannot be the band's answer (on a gate at once; a gain of 2 x margin
+    excluded at this look's futility share, or outranked, after two engine starts); select a
+    winner when one is left, leads clearly or is already above the margin."""
     threshold = 1 + promote.margin
     dropped = list(st.dropped)
+    ruled = list(st.ruled_out)
     estimates: dict[str, Interval] = {}
     for h in st.contenders:
         v = verdicts.get(h)
-        gates = _gate_reasons(v) if v is not None else "not measured"
+        gates = _gate_reasons(v) if v is not None else ""
         iv = _interval(v) if v is not None else None
-        if gates or iv is None:
-            dropped.append((h, f"round {index}: {gates or 'no speedup measured'}"))
+        if gates:
+            dropped.append((h, f"round {index}: ruled out: {gates}"))
+            ruled.append(h)
+        elif iv is None:
+            dropped.append((h, f"round {index}: no speedup measured"))
         else:
             estimates[h] = iv
-    for h, why in cannot_win(estimates, threshold).items():
-        # a contender gets two engine starts before its speedup can drop it: one start's
-        # effect (shared by every band) must not decide
-        if h not in protected and estimates[h].starts >= 2:
-            dropped.append((h, f"round {index}: cannot win ({why})"))
-            del estimates[h]
+    # a contender gets two engine starts before its speedup can rule it out: one start's
+    # effect (shared by every band) must not decide
+    settled = {h for h in estimates if h not in protected and estimates[h].starts >= 2}
+    why_out = {h: f"ruled out: {verdicts[h].ruled_out}" for h in settled
+               if verdicts[h].ruled_out}
+    why_out.update({h: f"ruled out: {why}" for h, why in dominated(
+        {h: estimates[h] for h in estimates if h not in why_out}).items() if h in settled})
+    for h in (h for h in st.contenders if h in why_out):
+        dropped.append((h, f"round {index}: {why_out[h]}"))
+        ruled.append(h)
+        del estimates[h]
     contenders = tuple(h for h in st.contenders if h in estimates)
-    now = replace(st, contenders=contenders, dropped=tuple(dropped), estimates=estimates)
+    now = replace(st, contenders=contenders, dropped=tuple(dropped), estimates=estimates,
+                  ruled_out=tuple(ruled))
     if not contenders:
-        return replace(now, status="off", why="every candidate was dropped")
+        if len(ruled) == len(dropped):
+            return replace(now, status="off", why="every candidate is ruled out")
+        return replace(now, status="unresolved", why="no contender left to measure")
     leader = clear_leader(estimates) if len(contenders) > 1 else contenders[0]
     best = max(contenders, key=lambda h: estimates[h].lo)
     if leader is None and estimates[best].lo >= threshold:
@@ -256,7 +272,7 @@ def _explore_step(st: BandState, verdicts: Mapping[str, Verdict],
         others = tuple((h, f"round {index}: {name} selected instead")
                        for h in contenders if h != leader)
         return replace(st, status="confirming", contenders=(leader,),
-                       dropped=(*dropped, *others), estimates=estimates,
+                       dropped=(*dropped, *others), estimates=estimates, ruled_out=tuple(ruled),
                        why=f"selected in round {index}: speedup {estimates[leader].value:.3f} "
                            f"[{estimates[leader].lo:.3f}, {estimates[leader].hi:.3f}] on "
                            "exploration data")
@@ -290,9 +306,14 @@ def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, B
             out[k] = replace(st, status="confirmed", looks=looks, estimates=ests,
                              why=f"confirmed on fresh engine starts (p = {p:.2g} <= Holm's "
                                  f"threshold over {len(confirming)} bands at alpha {alpha:.3g})")
-        elif gate or (iv is not None and iv.hi < 1 + promote.margin):
+        elif v is not None and v.ruled_out:
             out[k] = replace(st, status="off", looks=looks, estimates=ests,
-                             why=f"failed confirmation: {gate or 'upper bound below the margin'}")
+                             ruled_out=(*st.ruled_out, st.contenders[0]),
+                             why=f"failed confirmation: ruled out: {v.ruled_out}")
+        elif gate or (iv is not None and iv.hi < 1 + promote.margin):
+            out[k] = replace(st, status="unresolved", looks=looks, estimates=ests,
+                             why=f"failed confirmation ({gate or 'upper bound below the margin'})"
+                                 " without being ruled out")
         elif looks >= shape.budget.confirm_looks:
             out[k] = replace(st, status="unresolved", looks=looks, estimates=ests,
                              why=f"not confirmed after {looks} look{'s' * (looks != 1)} "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,17 +39,14 @@ class PlannedStart:
     repeats: int
 
 
-def cannot_win(estimates: Mapping[str, Interval], threshold: float
-               ) -> dict[str, str]:
-    """Contenders to drop: upper bound below 1 + margin, or below the best lower bound."""
-    best_lo = max((e.lo for e in estimates.values()), default=-math.inf)
-    out = {}
-    for h, e in estimates.items():
-        if e.hi < threshold:
-            out[h] = f"upper bound {e.hi:.3f} < {threshold:.3f} at {e.point}"
-        elif e.hi < best_lo:
-            out[h] = f"upper bound {e.hi:.3f} < the best lower bound {best_lo:.3f}"
-    return out
+def dominated(estimates: Mapping[str, Interval]) -> dict[str, str]:
+    """Contenders outranked: upper bound below another's lower bound (why, by hash)."""
+    if not estimates:
+        return {}
+    best = max(estimates, key=lambda h: estimates[h].lo)
+    best_lo = estimates[best].lo
+    return {h: f"outranked (upper bound {e.hi:.3f} < the best lower bound {best_lo:.3f})"
+            for h, e in estimates.items() if e.hi < best_lo}
 
 
 def clear_leader(estimates: Mapping[str, Interval]) -> str | None:

@@ -153,10 +153,28 @@ def split_baseline(data: Sequence[Measurement], baseline: str
     return opening, later
 
 
-def _fast(promote: PromoteSpec) -> PromoteSpec:
+def _fast(promote: PromoteSpec, budget: BudgetSpec | None = None) -> PromoteSpec:
     """The rules the race decides under, with the display-only throughput bootstrap at its
-    minimum: the race reads speedups and gates, never the throughput intervals."""
-    return promote.model_copy(update={"bootstrap_samples": 100})
+    minimum: the race reads speedups and gates, never the throughput intervals. With `budget`:
+    one look's share of the futility error (`look_futility`)."""
+    update: dict[str, float] = {"bootstrap_samples": 100}
+    if budget is not None:
+        update["futility"] = look_futility(promote, budget)
+    return promote.model_copy(update=update)
+
+
+def look_futility(promote: PromoteSpec, budget: BudgetSpec) -> float:
+    """The futility error one look of a race may spend: half of `promote.futility` is shared
+    evenly by its exploration rounds and confirmation looks, the other half is the final
+    decision's (`final_rules`). A candidate truly gaining 2 x margin is then ruled out at some
+    look with probability at most `promote.futility` (Bonferroni over the looks: valid however
+    the looks depend on each other, and however the race chose what to measure)."""
+    return promote.futility / 2 / (budget.max_rounds + budget.confirm_looks)
+
+
+def final_rules(promote: PromoteSpec) -> PromoteSpec:
+    """A race's final decision: the rules with the final look's half of the futility error."""
+    return promote.model_copy(update={"futility": promote.futility / 2})
 
 
 def _windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:

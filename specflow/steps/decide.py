@@ -16,7 +16,7 @@ from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
 from specflow.results import console, report
 from specflow.search import predict, rounds
-from specflow.search.plan import BandKey, spent_by, split_baseline
+from specflow.search.plan import BandKey, final_rules, spent_by, split_baseline
 from specflow.search.schedules import measured_schedules
 from specflow.steps import measure
 from specflow.steps.context import Context, experiment_name
@@ -82,8 +82,8 @@ def _raced(ctx: Context, progress: rounds.SearchState
     ms = [m for m in measure.plan_measurements(ctx) if m.stage != "schedule"]
     opening, later = split_baseline(ms, base.hash if base is not None else "")
     states = dict(progress.states)
-    return analyze(opening, ctx.spec.promote, closing_baseline=later,
-                            refused_by_headroom=measure.refused(ctx), race=states), states
+    return analyze(opening, final_rules(ctx.spec.promote), closing_baseline=later,
+                   refused_by_headroom=measure.refused(ctx), race=states), states
 
 
 def analyse(ctx: Context) -> tuple[Analysis, rounds.SearchState | None]:
@@ -140,7 +140,7 @@ def band_metrics(table: list[dict[str, Any]]) -> dict[str, float]:
     across re-validations."""
     out: dict[str, float] = {}
     for row in table:
-        if row["verdict"] not in ("winner", "unresolved"):
+        if row["verdict"] not in ("wins", "unresolved"):
             continue
         key = f"band.{row['traffic_class']}.{row['band']}"
         out |= {f"{key}.speedup": row["speedup"], f"{key}.speedup_lo": row["lo"],

@@ -101,10 +101,10 @@ def test_champion_is_deployable_with_its_evidence(tmp_path: Path) -> None:
         "speculative_config"]
     rows = record["evidence"]["decision_table"]
     assert [(r["band"], r["engine"], r["verdict"]) for r in rows] == [
-        ("c1-4", "eagle3-n3", "winner"), ("c1-4", "eagle3-n2", "eligible"),
-        ("c1-4", "off (baseline)", "eligible"),
-        ("c5-32", "eagle3-n2", "rejected"), ("c5-32", "eagle3-n3", "rejected"),
-        ("c5-32", "off (baseline)", "winner")]
+        ("c1-4", "eagle3-n3", "wins"), ("c1-4", "eagle3-n2", "passes"),
+        ("c1-4", "off (baseline)", "beaten"),
+        ("c5-32", "eagle3-n2", "ruled out"), ("c5-32", "eagle3-n3", "ruled out"),
+        ("c5-32", "off (baseline)", "wins")]
     assert [b["outcome"] for b in record["bands"]] == ["speculate", "off"]
     assert record["bands"][0]["speedup"]["estimate"] == pytest.approx(1.4)  # worst level, c=4
     assert record["settings"]["margin"] == 0.05

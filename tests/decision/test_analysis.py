@@ -7,6 +7,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,34 @@ def test_an_inconclusive_gain_says_how_many_repeats_would_settle_it() -> None:
         pytest.skip("this draw happened to be conclusive")
     assert "inconclusive: about" in str(v.rejected[-1]) and "engine starts per side" in str(
         v.rejected[-1])
+
+
+def test_an_open_candidate_leaves_its_band_unresolved_and_says_what_settles_it(
+        tmp_path: Path) -> None:
+    """A candidate neither shown to win nor ruled out (one engine start each, CV 10%) is open:
+    the band is unresolved, not off, with its best estimate and the starts that would settle
+    it; the report's class heading says the champion is kept instead of "speculation off"; a
+    clear loser beside it in another band is ruled out, and that band concludes off."""
+    ms, _ = sweep([Cand(E3N3, {1: 1.08, 8: 0.5})], levels=(1, 8), repeats=3, cv=0.10,
+                  rng=np.random.default_rng(3))
+    r = analyze(ms, PromoteSpec()).result("math")
+    open_band, off_band = r.decisions
+    (v,) = open_band.candidates
+    assert (v.outcome, open_band.outcome, open_band.winner) == ("open", "unresolved", None)
+    assert "eagle3-n3 neither shown to win nor ruled out; best eagle3-n3 " in open_band.unresolved
+    assert "engine starts per side would settle eagle3-n3" in open_band.unresolved
+    (loser,) = off_band.candidates
+    assert (loser.outcome, off_band.outcome) == ("ruled out", "off")
+    rows = decision_rows(r)
+    assert [(row["band"], row["verdict"]) for row in rows] == [
+        ("c1", "open"), ("c1", "unresolved"), ("c8", "ruled out"), ("c8", "wins")]
+    from specflow.results.report import write_report
+
+    text = write_report(analyze(ms, PromoteSpec()), tmp_path).report.read_text()
+    assert "**Undecided: the champion is kept** (unresolved: band c1;" in text
+    assert "**Deploy: speculation off**" not in text
+    assert "- band c1 (levels [1]): **unresolved**" in text
+    assert "- band c8 (levels [8]): **off**" in text
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,13 +401,16 @@ def test_all_slower_promotes_off_with_every_reason() -> None:
     assert r.deployment.engine_hash == BASELINE.hash and r.deployment.schedule is None
     for d in r.decisions:
         assert d.outcome == "off"
-        assert "speculation off: none of 2 candidates passed (rejected by speedup x2)" in d.reasons
+        assert d.reasons[0] == "speculation off: every one of 2 candidates is ruled out"
         for v in d.candidates:
-            assert v.status == "rejected"
+            assert v.status == "rejected" and v.outcome == "ruled out"
             assert "slower than the baseline" in str(v.rejected[0])
+            assert v.ruled_out.startswith("a gain of 10% or more is excluded at gsm8k c=")
+            assert f"{v.engine} ruled out: {v.ruled_out}" in d.reasons
     rows = decision_rows(r)
     offs = [row for row in rows if row["engine"] == "off (baseline)"]
-    assert [row["verdict"] for row in offs] == ["winner", "winner"]
+    assert [row["verdict"] for row in offs] == ["wins", "wins"]
+    assert {row["verdict"] for row in rows if row not in offs} == {"ruled out"}
 
 
 # --------------------------------------------------------------------------------------------

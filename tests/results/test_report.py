@@ -49,12 +49,12 @@ def test_report_and_plots_from_hand_built_records(tmp_path: Path) -> None:
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| c")]
     # Per class (chat, then math) and band: every candidate, plus the "off" row.
     assert [(r[0].lstrip("| "), r[1], r[4]) for r in rows] == [
-        ("c1", "eagle3-n3", "rejected"), ("c1", "off (baseline)", "winner"),
-        ("c8", "eagle3-n3", "rejected"), ("c8", "off (baseline)", "winner"),
-        ("c1", "eagle3-n3", "winner"), ("c1", "eagle3-n2", "eligible"),
-        ("c1", "ngram-n4", "rejected"), ("c1", "off (baseline)", "eligible"),
-        ("c8", "eagle3-n2", "rejected"), ("c8", "eagle3-n3", "rejected"),
-        ("c8", "ngram-n4", "rejected"), ("c8", "off (baseline)", "winner")]
+        ("c1", "eagle3-n3", "ruled out"), ("c1", "off (baseline)", "wins"),
+        ("c8", "eagle3-n3", "ruled out"), ("c8", "off (baseline)", "wins"),
+        ("c1", "eagle3-n3", "wins"), ("c1", "eagle3-n2", "passes"),
+        ("c1", "ngram-n4", "open"), ("c1", "off (baseline)", "beaten"),
+        ("c8", "eagle3-n2", "ruled out"), ("c8", "eagle3-n3", "ruled out"),
+        ("c8", "ngram-n4", "ruled out"), ("c8", "off (baseline)", "wins")]
     assert "### Baseline between its engine starts" in text and "| #0 -> #" in text
     assert "| eagle3-n3 | gsm8k | 8 | 3 | oom x1 |" in text  # excluded windows are counted
     assert "![speedup_vs_concurrency-math](speedup_vs_concurrency-math.png)" in text

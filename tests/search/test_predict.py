@@ -212,7 +212,8 @@ def test_a_config_predicted_far_below_the_baseline_is_never_started(
     assert "ng1" not in started and "ng2" not in started
     (state,) = progress.states.values()
     why = dict(state.dropped)
-    assert why["ng1"].startswith("round 0: predicted 0.8") and "not started" in why["ng1"]
+    assert why["ng1"].startswith("round 0: ruled out: predicted 0.8")
+    assert "not started" in why["ng1"]
     assert "from ng3: cannot win" in why["ng2"]
     table = "\n".join(rounds_table(progress.rounds, {"ng1": "ngram-n1"}))
     assert "ngram-n1 (round 0: predicted 0.8" in table and "not started" in table
@@ -289,7 +290,7 @@ def test_a_config_pruned_in_one_band_is_measured_only_where_it_can_win(
         ms += _measure(progress.current, {}, (), levels)
     assert {m.key.concurrency for m in ms if m.key.engine_hash == "ng1"} == {4}
     states = {k[1]: st for k, st in progress.states.items()}
-    assert dict(states["c1"].dropped)["ng1"].startswith("round 0: predicted")
+    assert dict(states["c1"].dropped)["ng1"].startswith("round 0: ruled out: predicted")
     assert states["c4"].contenders == ("ng1",)
 
 

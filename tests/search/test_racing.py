@@ -14,6 +14,7 @@ from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis
 from specflow.records.measurement import Measurement
 from specflow.search import rounds, simulate
+from specflow.search.plan import final_rules, look_futility
 from specflow.search.schedules import measured_schedules
 from specflow.spec.compile import with_schedule
 from specflow.spec.schema import BudgetSpec, PromoteSpec
@@ -34,7 +35,7 @@ def _decide(scn: simulate.Scenario, prog: rounds.SearchState, ms: list[Measureme
     later = [m for m in ms if m.key.engine_hash == scn.shape.baseline and m.key.start > 0]
     opening = [m for m in ms if m not in later]
     if scn.shape.design == "race":
-        return analyze(opening, FAST, closing_baseline=later, race=dict(prog.states))
+        return analyze(opening, final_rules(FAST), closing_baseline=later, race=dict(prog.states))
     return analyze(opening, FAST, closing_baseline=later)
 
 
@@ -114,6 +115,51 @@ def test_a_true_gain_is_selected_then_confirmed_on_fresh_starts() -> None:
     # the rounds spent engine starts only on what could still win
     assert len({s.engine_hash for s in prog.rounds[0].starts}) == 9
     assert all(s.engine_hash in ("c3", "base") for s in prog.rounds[-1].starts)
+
+
+def test_a_a_race_concludes_off_and_off_is_promoted(tmp_path) -> None:
+    """No candidate helps (CV 3%): every candidate is ruled out (a +10% gain excluded at its
+    look's futility share), every band concludes off, and off becomes each class's champion."""
+    scn = simulate.scenario("race")
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.01), FAST, 0)
+    assert {b.status for b in prog.states.values()} == {"off"}
+    assert all(set(b.ruled_out) == {h for h, _ in b.dropped} for b in prog.states.values())
+    result = _decide(scn, prog, ms)
+    spec = FAST.model_copy(update={"output_dir": str(tmp_path)})
+    engines = {h: engine(e.name, e.method if e.method != "none" else "none", e.n)
+               for h, e in scn.engines.items()}
+    for r in result.classes:
+        assert {d.outcome for d in r.decisions} == {"off"} and r.deployment.outcome == "off"
+        for d in r.decisions:
+            assert d.reasons[0] == "speculation off: every one of 8 candidates is ruled out"
+            assert {v.outcome for v in d.candidates} == {"ruled out"}
+            assert all("ruled out" in v.ruled_out or "excluded" in v.ruled_out
+                       for v in d.candidates), [v.ruled_out for v in d.candidates]
+        p = promote.promote_class(r, engines, spec)
+        assert p.status == "promoted"
+        record = promote.champion(tmp_path, r.traffic_class)
+        assert record is not None and record.outcome == "off"
+        assert {b.outcome for b in record.bands} == {"off"}
+
+
+def test_futility_is_spent_across_the_looks() -> None:
+    """Half of `promote.futility` is shared by the race's exploration rounds and confirmation
+    looks, half is the final decision's: a candidate gaining +10% (twice the 5% margin) is ruled
+    out at some look with probability at most 5% (Bonferroni over the looks). At CV 3% it is
+    never ruled out at these seeds, and is promoted."""
+    budget = BudgetSpec()
+    assert look_futility(FAST, budget) == pytest.approx(0.05 / 2 / (6 + 2))
+    assert final_rules(FAST).futility == pytest.approx(0.025)
+    total = look_futility(FAST, budget) * (budget.max_rounds + budget.confirm_looks)
+    assert total + final_rules(FAST).futility == pytest.approx(FAST.futility)
+    scn = simulate.scenario("race", gains={3: 1.10})
+    for seed in range(2):
+        prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.01), FAST,
+                                      seed)
+        assert all("c3" not in b.ruled_out for b in prog.states.values()), seed
+        result = _decide(scn, prog, ms)
+        assert _winners(result) == {"c3"}, seed
+        assert "off" not in {d.outcome for r in result.classes for d in r.decisions}
 
 
 def test_an_unresolved_band_is_never_promoted(tmp_path) -> None:
