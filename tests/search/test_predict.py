@@ -216,7 +216,7 @@ def test_a_config_predicted_far_below_the_baseline_is_never_started(
     assert "not started" in why["ng1"]
     assert "from ng3: cannot win" in why["ng2"]
     table = "\n".join(rounds_table(progress.rounds, {"ng1": "ngram-n1"}))
-    assert "ngram-n1 (round 0: predicted 0.8" in table and "not started" in table
+    assert "ngram-n1 (round 0: ruled out: predicted 0.8" in table and "not started" in table
 
 
 def test_a_config_predicted_close_to_winning_is_measured(promote_spec: PromoteSpec) -> None:
