@@ -31,9 +31,9 @@ lint: setup
 	$(BIN)/vulture
 
 # The suite runs on TEST_WORKERS pytest-xdist workers (each test module on one worker, so a
-# module's shared engine runs start once). 3 on this 2-core, 24 GiB machine: a worker waits on
-# its engines and servers a third of the time, so two leave the cores idle (158% CPU over a run).
-TEST_WORKERS ?= 3
+# module's shared engine runs start once); 2 fits this 2-core, 24 GiB machine (a third worker
+# only slows each engine test down as much: docs/benchmarks.md).
+TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 test: lint browser
