@@ -390,7 +390,7 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
              else f"N={dep.num_speculative_tokens}")
         lines.append(f"**Deploy: {dep.drafter} ({dep.method}), {n}** — "
                      f"engine `{dep.engine_hash}`.")
-    lines += [f"- {x}" for x in dep.reasons] + [""]
+    lines += [f"- {x}" for x in (() if undecided else dep.reasons)] + [""]
     for d in r.decisions:
         q = d.winner.quality if d.winner else None
         word = "promote" if d.outcome == "speculate" else d.outcome

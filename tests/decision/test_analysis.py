@@ -174,7 +174,7 @@ def test_an_open_candidate_leaves_its_band_unresolved_and_says_what_settles_it(
 
     text = write_report(analyze(ms, PromoteSpec()), tmp_path).report.read_text()
     assert "**Undecided: the champion is kept** (unresolved: band c1;" in text
-    assert "**Deploy: speculation off**" not in text
+    assert "**Deploy: speculation off**" not in text and "loses or is unproven" not in text
     assert "- band c1 (levels [1]): **unresolved**" in text
     assert "- band c8 (levels [8]): **off**" in text
 
