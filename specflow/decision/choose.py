@@ -197,14 +197,20 @@ def rule_out_threshold(promote: PromoteSpec) -> float:
     return 1 + 2 * promote.margin
 
 
+def gate_reasons(reasons: Sequence[Reason]) -> str:
+    """The gates that reject a candidate whatever its speedup (failed windows, quality, SLO,
+    headroom), joined; "" when none does."""
+    return "; ".join(str(r) for r in reasons if r.gate not in ("speedup", "family", "race"))
+
+
 def _ruled_out(reasons: Sequence[Reason], speedups: Sequence[PointSpeedup],
                promote: PromoteSpec) -> str:
     """Why a candidate cannot be the band's answer, or "" while it may: a gate it fails, or at
     some point of the band (the band takes its worst point) a gain of 2 x margin excluded at
     1 - futility."""
-    gates = [r for r in reasons if r.gate not in ("speedup", "family", "race")]
+    gates = gate_reasons(reasons)
     if gates:
-        return "; ".join(str(r) for r in gates)
+        return gates
     bar = rule_out_threshold(promote)
     below = [s for s in speedups if s.rule_out_hi < bar]
     if not below:

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from specflow.decision.choose import analyze, band_p_value, starts_needed
+from specflow.decision.choose import analyze, band_p_value, gate_reasons, starts_needed
 from specflow.decision.model import Analysis, Verdict
 from specflow.decision.race import BandState, Interval
 from specflow.records.measurement import Measurement
@@ -35,7 +35,7 @@ def _interval(v: Verdict) -> Interval | None:
 
 
 def _gate_reasons(v: Verdict) -> str:
-    return "; ".join(str(r) for r in v.rejected if r.gate not in ("speedup", "family", "race"))
+    return gate_reasons(v.rejected)
 
 
 def _drift_protected(result: Analysis, key: BandKey, verdicts: Mapping[str, object],
@@ -116,13 +116,13 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
         ruled = (*st.ruled_out, *(h for h, _ in pruned))
         if pending:
             added = True
-            gated = [(h, f"round 0: ruled out: {_gate_reasons(vs[h])}" if h in vs
-                      and _gate_reasons(vs[h]) else "round 0: not measured")
-                     for h in st.contenders if h not in measured]
+            unmeasured = [h for h in st.contenders if h not in measured]
+            failing = {h: gates for h in unmeasured if h in vs and (gates := _gate_reasons(vs[h]))}
+            gated = [(h, f"round 0: ruled out: {failing[h]}" if h in failing
+                      else "round 0: not measured") for h in unmeasured]
             keep = tuple(h for h in shape.candidates if h in measured or h in pending)
             out[key] = replace(st, contenders=keep, dropped=(*st.dropped, *gated, *pruned),
-                               estimates=measured, ruled_out=(*ruled, *(
-                                   h for h, why in gated if "ruled out" in why)))
+                               estimates=measured, ruled_out=(*ruled, *failing))
         else:
             stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned),
                                             ruled_out=ruled), vs,
