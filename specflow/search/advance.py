@@ -65,7 +65,36 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
                 out[key] = _explore_step(st, verdicts.get(key, {}), protected, promote, index,
                                          shape.budget.max_rounds)
         return out
-    return _confirm_step(shape, promote, states, verdicts)
+    out = _confirm_step(shape, promote, states, verdicts)
+    if open_after_exploring(states):  # ruling out may use every start, exploration's too
+        every = analyze(opening, _fast(promote, shape.budget), closing_baseline=later,
+                        refused_by_headroom=refused, family="none", partial=True)
+        out = _rejudge_open(states, out, _band_estimates(every))
+    return out
+
+
+def open_after_exploring(states: Mapping[BandKey, BandState]) -> dict[BandKey, BandState]:
+    """Bands the exploration left unresolved with contenders still open (not confirmed, not out
+    of budget): a confirmation's starts measure them too, and may yet rule them out."""
+    return {k: st for k, st in states.items()
+            if st.status == "unresolved" and st.looks == 0 and st.contenders}
+
+
+def _rejudge_open(before: Mapping[BandKey, BandState], after: dict[BandKey, BandState],
+                  verdicts: Mapping[BandKey, Mapping[str, Verdict]]) -> dict[BandKey, BandState]:
+    """A band left open by the exploration concludes off once the confirmation's further starts
+    rule out every contender it still had (at this look's futility share)."""
+    for k, st in open_after_exploring(before).items():
+        vs = verdicts.get(k, {})
+        why = {h: v.ruled_out for h in st.contenders if (v := vs.get(h)) is not None
+               and v.ruled_out}
+        earlier = {h for h, _ in st.dropped}
+        if len(why) == len(st.contenders) and earlier <= set(st.ruled_out):
+            after[k] = replace(st, status="off", contenders=(), ruled_out=(
+                *st.ruled_out, *st.contenders), dropped=(*st.dropped, *(
+                    (h, f"confirmation round: ruled out: {w}") for h, w in why.items())),
+                why="every candidate is ruled out")
+    return after
 
 
 def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],

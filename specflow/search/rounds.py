@@ -21,7 +21,7 @@ from specflow.decision.aggregate import usable_starts
 from specflow.decision.model import AnalysisError
 from specflow.decision.race import BandState
 from specflow.records.measurement import Measurement
-from specflow.search.advance import _after_probes, _after_round
+from specflow.search.advance import _after_probes, _after_round, open_after_exploring
 from specflow.search.budget import PlannedStart, Spent, round_cost
 from specflow.search.plan import (
     BandKey,
@@ -220,8 +220,16 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
     per = defaultdict(set)
     for k, st in confirming.items():
         per[st.contenders[0]].update(bands[k])
-    base = (shape.baseline, "confirm", tuple(sorted({p for k in confirming for p in bands[k]})),
-            repeats)
+    # The starts a confirmation pays for also measure the bands the exploration left open, for
+    # the baseline and for each winner still contending there: a window costs little beside an
+    # engine start, and each further start narrows the intervals that may rule a contender out.
+    left_open = open_after_exploring(states)
+    for k, st in left_open.items():
+        for h in st.contenders:
+            if h in per:
+                per[h].update(bands[k])
+    base = (shape.baseline, "confirm",
+            tuple(sorted({p for k in (*confirming, *left_open) for p in bands[k]})), repeats)
     winners = [(h, "confirm", tuple(sorted(per[h])), repeats)
                for h in shape.candidates if h in per]
     starts = _confirm_size(shape, promote, bands, confirming, data, repeats)

@@ -82,9 +82,11 @@ Drafting = Literal["none", "lookup", "sequential", "parallel"]
 or a whole block in one forward (DFlash/DSpark)."""
 
 TrafficClass = Literal[
-    "math", "code", "chat", "tool_calling", "structured", "summarization", "rag", "synthetic"
+    "math", "code", "chat", "tool_calling", "structured", "summarization", "rag", "classify",
+    "synthetic"
 ]
-"""Traffic classes decisions are made for."""
+"""Traffic classes decisions are made for (`classify`: one- or two-token answers, as routers,
+guard models and classifiers give)."""
 
 
 class _Model(BaseModel):

@@ -7,6 +7,7 @@ import yaml
 
 from specflow.config.compose import conf_dir, load, load_plan, options
 from specflow.config.validation import GROUPS, MULTI
+from specflow.workloads import realism_warnings
 
 CONF = conf_dir()
 
@@ -86,15 +87,21 @@ def test_targets_state_memory_facts() -> None:
         assert t.max_model_len > 0 and t.tensor_parallel_size >= 1
 
 
-def test_cpu_demo_is_the_small_real_sweep() -> None:
+def test_cpu_demo_is_a_small_real_sweep_with_a_known_answer() -> None:
+    """The CPU demo: the agreeing MiMo-style target (its outputs repeat themselves), n-gram lookup
+    (a true winner on long answers) and a random draft model (a true loser), two classes whose
+    answers differ, raced within a budget sized for a 2-core machine; its workloads trip none of
+    the realism warnings."""
     loaded, plan = load_plan(["experiment=cpu_demo"])
-    assert plan.target == "tiny" and plan.hardware == "cpu"
-    methods = {e.method for e in plan.engine_configs}
-    assert methods == {"none", "ngram", "draft_model"}
-    assert len(plan.workloads) == 2 and len(plan.concurrency) == 2 and plan.repeats == 2
-    # raced within a budget sized for 15 minutes on 2 cores (README "Two commands")
+    assert plan.target == "tiny_mimo_mtp2" and plan.hardware == "cpu"
+    assert {e.name for e in plan.engine_configs} == {"baseline", "ngram-n8",
+                                                     "draft_model_random-n2"}
+    assert len(plan.workloads) == 2 and plan.concurrency == (4,) and plan.repeats == 2
     assert loaded.spec.sweep.design == "race" and loaded.spec.sweep.budget.engine_starts == 9
     assert loaded.spec.promote.min_repeats <= plan.repeats
     classes = {loaded.spec.workload[w].traffic_class for w in plan.workloads}
-    assert len(classes) == 2
+    assert classes == {"code", "classify"}
+    for w in plan.workloads:
+        assert realism_warnings(w, loaded.spec.workload[w], plan.concurrency) == [], w
+    assert not plan.warnings
     assert all("--enforce-eager" in e.serve_argv for e in plan.engine_configs)

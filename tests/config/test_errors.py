@@ -117,16 +117,16 @@ def test_every_problem_reported_at_once() -> None:
 
 def test_source_file_is_named() -> None:
     with pytest.raises(SpecError) as info:
-        load(["experiment=cpu_demo", "workload.chat.num_prompts=0"])
+        load(["experiment=cpu_tiny", "workload.chat.num_prompts=0"])
     (p,) = info.value.problems
     assert p.source == "override workload.chat.num_prompts=0"
     with pytest.raises(SpecError) as info:
         load_plan(["target=qwen3_8b", "drafter=mtp"])  # a cross-check: the drafter's file
     assert info.value.problems[0].source == "conf/drafter/mtp.yaml"
-    sources = Sources(conf_dir(), {"experiment": "cpu_demo", "sweep": "cpu_demo"}, ())
-    assert sources("workload.chat.num_prompts") == "conf/experiment/cpu_demo.yaml"
+    sources = Sources(conf_dir(), {"experiment": "cpu_tiny", "sweep": "cpu_tiny"}, ())
+    assert sources("workload.chat.num_prompts") == "conf/experiment/cpu_tiny.yaml"
     assert sources("workload.tool_calling.seed") == "conf/workload/tool_calling.yaml"
-    assert sources("sweep.repeats") == "conf/sweep/cpu_demo.yaml"
+    assert sources("sweep.repeats") == "conf/sweep/cpu_tiny.yaml"
     assert sources("tracking.uri") == "conf/config.yaml"
 
 
@@ -272,7 +272,7 @@ def test_a_target_needs_a_layer_group_of_any_kind() -> None:
      "drafter.ngram.prompt_lookup_min", "to select it: drafter=[none,eagle3,ngram]"),
     (["drafter=[none,eagle3]", "+drafter.ngram.draft_tensor_parallel_size=1"],
      "drafter.ngram.draft_tensor_parallel_size", "is not selected"),
-    (["experiment=cpu_demo", "drafter=[none,draft_model]", "drafter.ngram.prompt_lookup_min=2"],
+    (["experiment=cpu_tiny", "drafter=[none,draft_model]", "drafter.ngram.prompt_lookup_min=2"],
      "drafter.ngram.prompt_lookup_min", "to select it: drafter=[none,draft_model,ngram]"),
     (["workload=[chat]", "workload.gsm8k.num_prompts=3"], "workload.gsm8k.num_prompts",
      "to select it: workload=[chat,gsm8k]"),
@@ -288,8 +288,8 @@ def test_override_of_an_unselected_or_misspelt_entry_is_refused(
 
 
 def test_an_experiment_may_still_tune_entries_it_does_not_select() -> None:
-    # cpu_demo tunes ngram; selecting other drafters on the command line drops that silently
-    loaded, _ = load_plan(["experiment=cpu_demo", "drafter=[none,draft_model]"])
+    # cpu_tiny tunes ngram; selecting other drafters on the command line drops that silently
+    loaded, _ = load_plan(["experiment=cpu_tiny", "drafter=[none,draft_model]"])
     assert set(loaded.spec.drafter) == {"none", "draft_model"}
 
 
@@ -350,18 +350,18 @@ def test_a_refused_override_in_a_real_process() -> None:
 
 
 def test_sweep_syntax_expands_to_every_combination() -> None:
-    combos = cli.combinations(["experiment=cpu_demo", "drafter=[none,ngram]",
+    combos = cli.combinations(["experiment=cpu_tiny", "drafter=[none,ngram]",
                                "target=tiny,qwen3_8b", "sweep.repeats=range(1,3)"])
     assert [swept for _, swept in combos] == [
         ["target=tiny", "sweep.repeats=1"], ["target=tiny", "sweep.repeats=2"],
         ["target=qwen3_8b", "sweep.repeats=1"], ["target=qwen3_8b", "sweep.repeats=2"]]
-    assert all(c[:2] == ["experiment=cpu_demo", "drafter=[none,ngram]"] for c, _ in combos)
+    assert all(c[:2] == ["experiment=cpu_tiny", "drafter=[none,ngram]"] for c, _ in combos)
     assert cli.combinations(["+x=1", "~y"]) == [(["+x=1", "~y"], [])]
 
 
 def test_multirun_runs_the_valid_combinations_and_reports_each_invalid_one(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["-m", "compile", "--no-vllm-check", "experiment=cpu_demo",
+    code = cli.main(["-m", "compile", "--no-vllm-check", "experiment=cpu_tiny",
                      "workload.chat.max_tokens=8,-1", "sweep.repeats=1,0"])
     out, errs = capsys.readouterr()
     assert code == 2
@@ -389,7 +389,7 @@ def test_multirun_names_an_override_it_cannot_sweep(override: str, says: str,
 
 def test_several_values_without_multirun_point_to_it() -> None:
     with pytest.raises(SpecError) as info:
-        load(["experiment=cpu_demo", "workload.chat.max_tokens=8,9"])
+        load(["experiment=cpu_tiny", "workload.chat.max_tokens=8,9"])
     (problem,) = info.value.problems
     assert problem.path == "workload.chat.max_tokens"
     assert "several values for one run" in problem.render() and "--multirun" in problem.render()

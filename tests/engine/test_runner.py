@@ -134,7 +134,7 @@ def test_driver_interpreter_from_command_prefix() -> None:
 
 
 def test_windows_and_bench_arguments(tmp_path: Path) -> None:
-    loaded, plan = load_plan(["experiment=cpu_demo", f"paths.models={tmp_path}"])
+    loaded, plan = load_plan(["experiment=cpu_tiny", f"paths.models={tmp_path}"])
     spec = loaded.spec
     datasets = {name: tmp_path / f"{name}.jsonl" for name in spec.workload}
     windows = plan_windows(spec.workload, datasets, spec.sweep.concurrency, spec.sweep.repeats,
@@ -175,7 +175,7 @@ def test_finished_windows_start_no_engine(tmp_path: Path) -> None:
     assert list(run_engine(ec, LocalBackend(), [w], tmp_path, skip={w.key(ec).id})) == []
     assert not (tmp_path / "engines").exists()
 
-    overrides = ["experiment=cpu_demo", f"paths.models={tmp_path}",
+    overrides = ["experiment=cpu_tiny", f"paths.models={tmp_path}",
                  f"tracking.workdir={tmp_path / 'wd'}"]
     loaded, plan = load_plan(overrides)
     spec = loaded.spec
@@ -217,7 +217,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> dict[s
     """Tiny models, the compiled plan, a dataset and the small CPU backend."""
     root = tiny_models
     loaded, plan = load_plan([
-        "experiment=cpu_demo", f"paths.models={root}",
+        "experiment=cpu_tiny", f"paths.models={root}",
         "drafter=[none,ngram,draft_model,draft_model_derived,draft_model_random,eagle3]",
         f"sweep.num_speculative_tokens.ngram=[{N}]",
         # lookups from one token on, so ngram drafts on the tiny model's output at all

@@ -79,7 +79,7 @@ def test_served_deployment_runs_on_a_local_prefect_server(tmp_path: Path, tiny_m
     procs = [server]
     try:
         live.wait_http(f"{api}/health", server, server_log, 180)
-        overrides = ["experiment=cpu_demo", "drafter=[none,ngram]",
+        overrides = ["experiment=cpu_tiny", "drafter=[none,ngram]",
                      "+sweep.num_speculative_tokens.ngram=[2]", "workload=[chat]",
                      "workload.chat.num_prompts=4", "workload.chat.max_tokens=8",
                      "sweep.concurrency=[1]", "sweep.repeats=2", "promote.min_repeats=2",

@@ -97,7 +97,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         workers = {"0": _worker(tmp_path, client_env, "gpu-0", "0"),
                    "1": _worker(tmp_path, client_env, "gpu-1", "1")}
         procs += workers.values()
-        overrides = ["experiment=cpu_demo", "drafter=[none,ngram]",
+        overrides = ["experiment=cpu_tiny", "drafter=[none,ngram]",
                      "+sweep.num_speculative_tokens.ngram=[1,2,3]", "workload=[chat]",
                      "workload.chat.num_prompts=4", "workload.chat.max_tokens=16",
                      "sweep.concurrency=[1]", "sweep.repeats=3", "promote.min_repeats=2",

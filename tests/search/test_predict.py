@@ -112,7 +112,7 @@ def test_the_ratio_to_the_probe_carries_only_the_fits_error_where_it_interpolate
 
 
 def test_chains_cover_one_series_at_a_time_and_skip_what_is_not_a_chain() -> None:
-    _, plan = load_plan(["experiment=cpu_demo", "drafter=[none,ngram,draft_model]",
+    _, plan = load_plan(["experiment=cpu_tiny", "drafter=[none,ngram,draft_model]",
                          "sweep.num_speculative_tokens.ngram=1..3",
                          "sweep.num_speculative_tokens.draft_model=[2,4]"])
     by_name = {e.name: e for e in plan.engine_configs}
@@ -122,7 +122,7 @@ def test_chains_cover_one_series_at_a_time_and_skip_what_is_not_a_chain() -> Non
                    "draft_model-n2": ("draft_model-n4", 2, 4)}
     assert "baseline" in by_name
     # an N schedule or adaptive verification breaks the chain: those are measured
-    _, sched = load_plan(["experiment=cpu_demo", "drafter=[none,ngram]",
+    _, sched = load_plan(["experiment=cpu_tiny", "drafter=[none,ngram]",
                           "sweep.num_speculative_tokens.ngram=1..3",
                           "+drafter.ngram.num_speculative_tokens_per_batch_size=[[1,4,3]]"])
     assert predict.chains(sched.engine_configs) == {}
@@ -133,7 +133,7 @@ def by_name_of(plan: object, engine_hash: str) -> str:
 
 
 def test_versus_sets_each_prediction_beside_its_measurement() -> None:
-    _, plan = load_plan(["experiment=cpu_demo", "drafter=[none,ngram]",
+    _, plan = load_plan(["experiment=cpu_tiny", "drafter=[none,ngram]",
                          "sweep.num_speculative_tokens.ngram=[1,5]"])
     e = {x.name: x for x in plan.engine_configs}
     ms = [dataclasses.replace(_window(e["ngram-n5"].hash, NGRAM_N5), engine="ngram-n5"),
@@ -183,7 +183,7 @@ def _measure(current: Round, gains: Mapping[str, float], rates: tuple[float, ...
 
 @pytest.fixture(scope="module")
 def promote_spec() -> PromoteSpec:
-    return load_plan(["experiment=cpu_demo"])[0].spec.promote
+    return load_plan(["experiment=cpu_tiny"])[0].spec.promote
 
 
 def test_the_first_round_measures_only_the_probe(promote_spec: PromoteSpec) -> None:

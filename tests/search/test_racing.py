@@ -30,13 +30,15 @@ def _start(h: str, seq: int, values: list[float], start: int = 0,
     return StartWindows(h, start, seq, stage, tuple(math.log(v) for v in values))
 
 
-def _decide(scn: simulate.Scenario, prog: rounds.SearchState, ms: list[Measurement]) -> Analysis:
+def _decide(scn: simulate.Scenario, prog: rounds.SearchState, ms: list[Measurement],
+            rules: PromoteSpec = FAST) -> Analysis:
     """The final decision, as `steps.decide` makes it."""
     later = [m for m in ms if m.key.engine_hash == scn.shape.baseline and m.key.start > 0]
     opening = [m for m in ms if m not in later]
     if scn.shape.design == "race":
-        return analyze(opening, final_rules(FAST), closing_baseline=later, race=dict(prog.states))
-    return analyze(opening, FAST, closing_baseline=later)
+        return analyze(opening, final_rules(rules), closing_baseline=later,
+                       race=dict(prog.states))
+    return analyze(opening, rules, closing_baseline=later)
 
 
 def _winners(result: Analysis) -> set[str]:
@@ -254,3 +256,33 @@ def test_a_schedule_that_collapses_at_its_threshold_is_not_promoted() -> None:
     result = _decide(scn, prog, [m for m in ms if m.stage != "schedule"])
     kept, problems = measured_schedules(result, prog.schedules)
     assert kept.classes == () and "falls short around a threshold" in problems[0]
+
+
+def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> None:
+    """The demo's shape (two candidates, one exploration round): one candidate wins at level 1
+    and loses at level 8, the other loses everywhere. The level-1 winner's confirmation starts,
+    and the baseline starts around them, also measure level 8, which the exploration left open
+    (one start each cannot rule out): level 8 concludes off on those further starts, level 1
+    promotes the winner."""
+    budget = BudgetSpec(max_rounds=1, confirm_starts=2, max_confirm_starts=2, confirm_looks=1)
+    scn = simulate.scenario("race", candidates=2, classes=1, levels=(1, 8), repeats=2,
+                            closing_repeats=0, gains={0: 0.55},
+                            level_gains={(1, 1): 1.4, (1, 8): 0.85}, budget=budget)
+    rules = FAST.model_copy(update={"min_repeats": 2})
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.03), rules, 0)
+    assert not prog.problems
+    explored = prog.rounds[0].states
+    assert {(b.band, b.status) for b in explored} == {("c1", "confirming"), ("c8", "unresolved")}
+    confirm = prog.rounds[-1]
+    assert confirm.stage == "confirm"
+    for s in confirm.starts:
+        assert s.engine_hash in ("base", "c1")
+        assert {c for _, c in s.points} == {1, 8}, s  # the open band measured on every start
+    band = {b.band: b for b in prog.states.values()}
+    assert band["c1"].status == "confirmed" and band["c8"].status == "off"
+    assert set(band["c8"].ruled_out) == {"c0", "c1"}
+    result = _decide(scn, prog, ms, rules)
+    (r,) = result.classes
+    outcome = {d.band.label: d.outcome for d in r.decisions}
+    assert outcome == {"c1": "speculate", "c8": "off"}
+    assert _winners(result) == {"c1"}

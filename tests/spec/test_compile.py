@@ -133,7 +133,7 @@ def test_endpoint_backend_argv_ignores_engine_knobs_but_compiles() -> None:
 def test_cfg_job_prints_the_composed_config() -> None:
     import yaml
 
-    proc = run_cli("compile", "experiment=cpu_demo", "sweep.repeats=4", "--cfg", "job")
+    proc = run_cli("compile", "experiment=cpu_tiny", "sweep.repeats=4", "--cfg", "job")
     assert proc.returncode == 0, proc.stderr
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["sweep"]["repeats"] == 4
@@ -238,7 +238,7 @@ def test_adaptive_verification_is_swept_beside_each_fixed_n() -> None:
 
 def test_adaptive_verification_is_refused_where_vllm_does_not_verify_adaptively() -> None:
     with pytest.raises(SpecError) as info:
-        load_plan(["experiment=cpu_demo", "+drafter.ngram.adaptive_verification=[false,true]",
+        load_plan(["experiment=cpu_tiny", "+drafter.ngram.adaptive_verification=[false,true]",
                    "+drafter.draft_model.extra_speculative_config.enable_adaptive_verification"
                    "=true"])
     got = {(p.path, p.problem.split(" (")[0]) for p in info.value.problems}
@@ -253,7 +253,7 @@ def test_adaptive_verification_is_refused_where_vllm_does_not_verify_adaptively(
 
 
 def test_a_cpu_run_asked_to_verify_adaptively_says_so_before_starting() -> None:
-    proc = run_cli("experiment=cpu_demo", "+drafter.ngram.adaptive_verification=[true]")
+    proc = run_cli("experiment=cpu_tiny", "+drafter.ngram.adaptive_verification=[true]")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "drafter.ngram.adaptive_verification: the CPU engine never verifies adaptively" \
         in proc.stderr
@@ -307,7 +307,7 @@ def test_synthetic_rejection_sampling_is_checked_before_anything_starts(
 
 def test_a_list_in_extra_speculative_config_is_checked_item_by_item() -> None:
     with pytest.raises(SpecError) as info:
-        load_plan(["experiment=cpu_demo", "+drafter.draft_model.extra_speculative_config.x=nan",
+        load_plan(["experiment=cpu_tiny", "+drafter.draft_model.extra_speculative_config.x=nan",
                    "+drafter.draft_model.extra_speculative_config.y=[1,nan]",
                    "+drafter.draft_model.extra_speculative_config.z={a:1}"])
     got = {p.path: p.problem for p in info.value.problems}
@@ -320,10 +320,10 @@ def test_the_single_process_executor_is_asked_for_and_serves_one_rank(tmp_path: 
     from specflow.engine.server import LocalEngine
     from specflow.spec.schema import LocalBackend
 
-    _, default = load_plan(["experiment=cpu_demo"])  # vLLM's choice unless asked
+    _, default = load_plan(["experiment=cpu_tiny"])  # vLLM's choice unless asked
     assert all("--distributed-executor-backend" not in ec.serve_argv
                for ec in default.engine_configs)
-    loaded, plan = load_plan(["experiment=cpu_demo",
+    loaded, plan = load_plan(["experiment=cpu_tiny",
                               "backend.engine.distributed_executor_backend=uni"])
     for ec in plan.engine_configs:
         argv = list(ec.serve_argv)
@@ -350,7 +350,7 @@ def test_a_work_pool_sweep_refuses_paths_each_worker_would_resolve_on_its_own(tm
     """Fanned out to a work pool, relative ledger/model paths and a relative sqlite store are
     refused together, each naming its field; absolute paths and a tracking server pass; the
     dispatch settings are not part of the plan (a dispatched sweep resumes in-process)."""
-    pool = ["experiment=cpu_demo", "dispatch.deployment=specflow-engine-config/gpu"]
+    pool = ["experiment=cpu_tiny", "dispatch.deployment=specflow-engine-config/gpu"]
     with pytest.raises(SpecError) as err:
         load_plan(pool)
     assert {p.path for p in err.value.problems} == {"tracking.workdir", "paths.models",
@@ -358,9 +358,9 @@ def test_a_work_pool_sweep_refuses_paths_each_worker_would_resolve_on_its_own(tm
     assert "a tracking server (http://HOST:PORT)" in str(err.value)
     fine = [f"tracking.workdir={tmp_path}/work", f"paths.models={tmp_path}/models"]
     _, plan = load_plan([*pool, *fine, "tracking.uri=http://127.0.0.1:5000"])
-    _, local = load_plan(["experiment=cpu_demo", *fine])
+    _, local = load_plan(["experiment=cpu_tiny", *fine])
     assert plan.hash == local.hash
     load_plan([*pool, *fine, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"])  # absolute
-    proc = run_cli("compile", "experiment=cpu_demo", "dispatch.deployment=gpu", "--no-vllm-check")
+    proc = run_cli("compile", "experiment=cpu_tiny", "dispatch.deployment=gpu", "--no-vllm-check")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "dispatch.deployment: malformed; got 'gpu'" in proc.stderr

@@ -164,7 +164,7 @@ def test_refused_and_fitting_examples() -> None:
 
 
 def test_warn_when_concurrency_exceeds_capacity() -> None:
-    loaded, plan = load_plan(["experiment=cpu_demo", "sweep.concurrency=[1,200]",
+    loaded, plan = load_plan(["experiment=cpu_tiny", "sweep.concurrency=[1,200]",
                               "sweep.num_speculative_tokens.draft_model=[2]"])
     reports = {ec.name: headroom(loaded.spec, ec) for ec in plan.engine_configs}
     # 64 MiB holds 128 requests of <=256 tokens without a drafter, 64 with the copy

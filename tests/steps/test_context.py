@@ -17,7 +17,7 @@ LITERAL = "literal-secret-9876543210"
 def test_config_artifact_redacts_backend_env_and_keeps_env_interpolations(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECFLOW_TEST_TOKEN", TOKEN)
-    loaded = load(["experiment=cpu_demo",
+    loaded = load(["experiment=cpu_tiny",
                    "+backend.env.HF_TOKEN=${oc.env:SPECFLOW_TEST_TOKEN}",
                    f"+backend.env.OTHER_KEY={LITERAL}",
                    "target.revision=${oc.env:SPECFLOW_TEST_TOKEN}",
@@ -53,7 +53,7 @@ def _sid(*overrides: str) -> str:
     from specflow.results.ledger import sweep_id
     from specflow.steps.context import measured_settings
 
-    loaded, plan = load_plan(["experiment=cpu_demo", *overrides])
+    loaded, plan = load_plan(["experiment=cpu_tiny", *overrides])
     return sweep_id(plan.hash, "0.32.0", measured_settings(loaded.spec))
 
 
@@ -79,7 +79,7 @@ def test_the_round_planner_gets_each_engines_kv_capacity_from_headroom(tmp_path:
     from specflow.spec.memory import headroom
     from specflow.steps.context import Context
 
-    loaded, plan = load_plan(["experiment=cpu_demo",
+    loaded, plan = load_plan(["experiment=cpu_tiny",
                               "backend.engine.kv_cache_memory_bytes=8388608"])
     reports = {ec.hash: headroom(loaded.spec, ec) for ec in plan.engine_configs}
     ctx = Context((), loaded, plan, None, Ledger(tmp_path, "sid"),  # type: ignore[arg-type]
@@ -99,7 +99,7 @@ def _context(tmp_path: Path, *overrides: str):  # noqa: ANN202 - a Context
     from specflow.spec.memory import headroom
     from specflow.steps.context import Context
 
-    loaded, plan = load_plan(["experiment=cpu_demo", "workload=[chat]", *overrides])
+    loaded, plan = load_plan(["experiment=cpu_tiny", "workload=[chat]", *overrides])
     s = loaded.spec
     windows = plan_windows(s.workload, {"chat": tmp_path / "chat.jsonl"}, s.sweep.concurrency,
                            s.sweep.repeats, s.sweep.warmup_requests)

@@ -82,7 +82,7 @@ def test_humaneval_yields_164_prompts_from_the_package(tmp_path: Path) -> None:
 
 
 def test_every_selected_workload_at_once(tokenizer: str, tmp_path: Path) -> None:
-    loaded = load(["experiment=cpu_demo"])
+    loaded = load(["experiment=cpu_tiny"])
     done = materialize_all(loaded.spec.workload, tmp_path, tokenizer,
                            loaded.spec.sweep.concurrency)
     assert set(done) == set(loaded.spec.workload)

@@ -16,7 +16,7 @@ def test_ngram_acceptance_differs_between_traffic_classes(tmp_path: Path, tiny_m
                                                          ) -> None:
     models = tiny_models  # built once per session
     loaded, plan = load_plan([
-        "experiment=cpu_demo", f"paths.models={models}", "drafter=[ngram]",
+        "experiment=cpu_tiny", f"paths.models={models}", "drafter=[ngram]",
         "sweep.include_baseline=false", "+sweep.num_speculative_tokens.ngram=[3]",
         "workload=[chat,structured_json]", "workload.chat.num_prompts=8",
         "workload.structured_json.num_prompts=8", "workload.chat.max_tokens=48",
