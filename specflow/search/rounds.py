@@ -122,7 +122,8 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
             return SearchState(tuple(rounds), None, states, total, tuple(exc.problems),
                             checks, derived)
         if plan:
-            plan, cost = _affordable(shape, stage, plan, total, _costs(data, shape))
+            plan, cost = _affordable(shape, stage, plan, total, _costs(data, shape),
+                                     _open_contenders(states))
             if cost is not None:
                 states = _out_of_budget(states, total, cost)
                 plan = []
@@ -132,9 +133,11 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
 
 
 def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
-                costs: tuple[float, float]) -> tuple[list, Spent | None]:
+                costs: tuple[float, float], extra: frozenset[str] = frozenset()
+                ) -> tuple[list, Spent | None]:
     """The plan if it fits the budget; a confirmation look shrinks to the largest that fits
-    (never below `confirm_starts`). Otherwise the cost that does not fit."""
+    (never below `confirm_starts`; `extra`: the open bands' contenders it also starts once).
+    Otherwise the cost that does not fit."""
 
     def cost(p: list) -> Spent:
         return round_cost([PlannedStart(h, st, pts, r) for h, st, pts, r in p],
@@ -143,9 +146,11 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
     if total.plus(cost(plan)).within(shape.budget):
         return plan, None
     if stage == "confirm":
-        base, winners = plan[0], [x for x in plan[1:] if x[0] != shape.baseline]
+        base = plan[0]
+        extras = [x for x in plan[1:] if x[0] in extra]  # one start each (`confirm_plan`)
+        winners = [x for x in plan[1:] if x[0] != shape.baseline and x[0] not in extra]
         per = len({x[0] for x in winners})
-        first, unit = cost([base]), cost([*winners[:per], base])
+        first, unit = cost([base, *extras]), cost([*winners[:per], base])
 
         def fits(k: int) -> bool:  # a look's cost is linear in its starts per winner
             return total.plus(first).plus(Spent(
@@ -157,8 +162,15 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
             while lo < hi:  # the largest k that fits (binary search: k can be large)
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-            return confirm_plan(base, winners[:per], lo), None
+            return confirm_plan(base, winners[:per], lo, extras), None
     return plan, cost(plan)
+
+
+def _open_contenders(states: Mapping[BandKey, BandState]) -> frozenset[str]:
+    """Contenders of the bands left open that no band is confirming (one start in a look)."""
+    winners = {st.contenders[0] for st in states.values() if st.status == "confirming"}
+    return frozenset(h for st in open_after_exploring(states).values() for h in st.contenders
+                     if h not in winners)
 
 
 def _held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
@@ -224,23 +236,28 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
     # the baseline and for each winner still contending there: a window costs little beside an
     # engine start, and each further start narrows the intervals that may rule a contender out.
     left_open = open_after_exploring(states)
+    others: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for k, st in left_open.items():
         for h in st.contenders:
-            if h in per:
-                per[h].update(bands[k])
+            (per if h in per else others)[h].update(bands[k])
     base = (shape.baseline, "confirm",
             tuple(sorted({p for k in (*confirming, *left_open) for p in bands[k]})), repeats)
     winners = [(h, "confirm", tuple(sorted(per[h])), repeats)
                for h in shape.candidates if h in per]
+    # an open band's contender that no winner start covers gets one start of its own in the
+    # look, at that band's points only: its second start, without which it cannot be ruled out
+    extras = [(h, "confirm", tuple(sorted(others[h])), repeats)
+              for h in shape.candidates if h in others]
     starts = _confirm_size(shape, promote, bands, confirming, data, repeats)
-    return "confirm", confirm_plan(base, winners, starts)
+    return "confirm", confirm_plan(base, winners, starts, extras)
 
 
-def confirm_plan(base: tuple, winners: list, k: int) -> list:
-    """A confirmation look: k starts of each winner, a fresh baseline start around each."""
+def confirm_plan(base: tuple, winners: list, k: int, extras: Sequence[tuple] = ()) -> list:
+    """A confirmation look: k starts of each winner, a fresh baseline start around each; the
+    `extras` (open bands' contenders, one start each) before the last baseline start."""
     plan = [base]
-    for _ in range(k):
-        plan += [*winners, base]
+    for i in range(k):
+        plan += [*winners, *(extras if i == k - 1 else ()), base]
     return plan
 
 

@@ -97,7 +97,7 @@ def test_cpu_demo_is_a_small_real_sweep_with_a_known_answer() -> None:
     assert {e.name for e in plan.engine_configs} == {"baseline", "ngram-n8",
                                                      "draft_model_random-n2"}
     assert len(plan.workloads) == 2 and plan.concurrency == (4,) and plan.repeats == 2
-    assert loaded.spec.sweep.design == "race" and loaded.spec.sweep.budget.engine_starts == 9
+    assert loaded.spec.sweep.design == "race" and loaded.spec.sweep.budget.engine_starts == 10
     assert loaded.spec.promote.min_repeats <= plan.repeats
     classes = {loaded.spec.workload[w].traffic_class for w in plan.workloads}
     assert classes == {"code", "classify"}

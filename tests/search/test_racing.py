@@ -262,8 +262,8 @@ def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> N
     """The demo's shape (two candidates, one exploration round): one candidate wins at level 1
     and loses at level 8, the other loses everywhere. The level-1 winner's confirmation starts,
     and the baseline starts around them, also measure level 8, which the exploration left open
-    (one start each cannot rule out): level 8 concludes off on those further starts, level 1
-    promotes the winner."""
+    (one start each cannot rule out), and the other contender gets its second start there:
+    level 8 concludes off on those further starts, level 1 promotes the winner."""
     budget = BudgetSpec(max_rounds=1, confirm_starts=2, max_confirm_starts=2, confirm_looks=1)
     scn = simulate.scenario("race", candidates=2, classes=1, levels=(1, 8), repeats=2,
                             closing_repeats=0, gains={0: 0.55},
@@ -276,8 +276,11 @@ def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> N
     confirm = prog.rounds[-1]
     assert confirm.stage == "confirm"
     for s in confirm.starts:
-        assert s.engine_hash in ("base", "c1")
-        assert {c for _, c in s.points} == {1, 8}, s  # the open band measured on every start
+        if s.engine_hash == "c0":  # the open band's other contender: one start, there only
+            assert {c for _, c in s.points} == {8}, s
+        else:  # the open band measured on every start the confirmation pays for
+            assert s.engine_hash in ("base", "c1") and {c for _, c in s.points} == {1, 8}, s
+    assert [s.engine_hash for s in confirm.starts] == ["base", "c1", "base", "c1", "c0", "base"]
     band = {b.band: b for b in prog.states.values()}
     assert band["c1"].status == "confirmed" and band["c8"].status == "off"
     assert set(band["c8"].ruled_out) == {"c0", "c1"}
