@@ -17,6 +17,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
 
 from pipelines import dispatch
 from specflow import steps
@@ -104,6 +105,12 @@ def decide(overrides: list[str]) -> dict[str, Any]:
     create_markdown_artifact(markdown=markdown[:200_000], key="specflow-sweep-summary",
                              description=about)
     summary = steps.outcome_summary(ctx, outcome)
+    reval = outcome.revalidation
+    if reval.markdown is not None:
+        create_markdown_artifact(markdown=reval.markdown.read_text()[:200_000],
+                                 key="specflow-comparison",
+                                 description=f"{about}: what changed since sweep "
+                                             f"{reval.previous}, beyond noise")
     link = summary["run_link"] or f"MLflow unreachable ({summary['tracking_error']})"
     create_table_artifact(table=console.decision_lines(outcome.table) or [
                               {"no decision": p} for p in outcome.problems],
@@ -127,8 +134,8 @@ def sweep_flow(overrides: list[str], run_label: str = "",
         closing: Any = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
                                                                   "baseline (closing)")],
                                         on_window=on_window)
-        return {"plan": plan, "engines": engines, "closing": closing,
-                "outcome": decide(overrides)}
+        return _ended({"plan": plan, "engines": engines, "closing": closing,
+                       "outcome": decide(overrides)})
     engines = []
     for engine_hash, name in plan["engines"]:
         state = measure_engine(overrides, engine_hash, name, on_window, return_state=True)
@@ -136,7 +143,17 @@ def sweep_flow(overrides: list[str], run_label: str = "",
                        else {"engine": name, "hash": engine_hash, "error": state.message})
     closing = closing_baseline(overrides, on_window)
     outcome = decide(overrides)
-    return {"plan": plan, "engines": engines, "closing": closing, "outcome": outcome}
+    return _ended({"plan": plan, "engines": engines, "closing": closing, "outcome": outcome})
+
+
+def _ended(result: dict[str, Any]) -> Any:
+    """The flow's result; a run whose champion regressed beyond noise ends in the state
+    `Regressed` (type Completed), which a Prefect automation can notify on
+    (`prefect.flow-run.Regressed`, docs/comparing.md)."""
+    comparison = result["outcome"].get("comparison") or {}
+    if comparison.get("message"):
+        return Completed(name="Regressed", message=comparison["message"], data=result)
+    return result
 
 
 MAX_ROUNDS = 200
@@ -165,7 +182,7 @@ def _race(overrides: list[str], plan: dict[str, Any], on_window: steps.OnWindow 
             starts.append(state.result() if state.is_completed()
                           else {"engine": name, "seq": seq, "error": state.message})
     outcome = decide(overrides)
-    return {"plan": plan, "engines": starts, "closing": None, "outcome": outcome}
+    return _ended({"plan": plan, "engines": starts, "closing": None, "outcome": outcome})
 
 
 def run(overrides: list[str], on_window: steps.OnWindow | None = None,

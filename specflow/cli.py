@@ -1,6 +1,7 @@
 """Command line: `python -m specflow [command] [hydra overrides] [--cfg job]`.
 
-Commands: run (default: the main job), compile, headroom, build-models, vllm-check, restore.
+Commands: run (default: the main job), compile, headroom, build-models, vllm-check, restore,
+compare.
 Invalid configuration exits 2 with one line per problem and no traceback.
 """
 
@@ -21,9 +22,14 @@ if TYPE_CHECKING:
     from specflow.spec.compile import SweepPlan
 
 Flags = dict[str, Any]
-"""Parsed options: help, cfg, no_vllm_check, json, args (restore's positional arguments)."""
+"""Parsed options: help, cfg, no_vllm_check, json, markdown, args (the positional arguments of
+restore and compare)."""
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+EXIT_REGRESSED = 3
+"""The main job's exit code when the current champion regressed beyond noise against the last
+sweep of the same plan (as `compare`'s for a regression)."""
 
 USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-vllm-check]
                           [--json]
@@ -36,6 +42,10 @@ commands:
   build-models   build the tiny local models used by the CPU demo and the tests
   vllm-check     show what the installed vLLM accepts (methods, --speculative-config keys)
   restore        restore CLASS [VERSION]: make the previous champion of a class current again
+  compare        compare A B [--markdown FILE]: what changed from sweep A to sweep B, beyond
+                 noise (A, B: sweep ids, sweep directories, MLflow parent run ids or
+                 champion:CLASS[@VERSION]); exit 0: nothing regressed, 3: a regression,
+                 4: nothing comparable (docs/comparing.md)
 
 overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
 key=value (sweep.repeats=5), +key=value to add, ~key to delete.
@@ -66,14 +76,20 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
             flags["no_vllm_check"] = True
         elif a == "--json":
             flags["json"] = True
+        elif a in ("--markdown", "-o") or a.startswith("--markdown="):
+            if "=" not in a and i + 1 >= len(args):
+                raise SpecError([Problem(a, "needs a value", None, "a file to write")])
+            flags["markdown"] = a.split("=", 1)[1] if "=" in a else args[i + 1]
+            i += 0 if "=" in a else 1
         elif a in ("-m", "--multirun"):
             flags["multirun"] = True
         elif a.startswith("-") and not a.startswith(("~",)):
             raise SpecError([Problem("argv", "unknown option", a, one_of(
-                ["--cfg", "--no-vllm-check", "--json", "--multirun", "--help"]))])
+                ["--cfg", "--no-vllm-check", "--json", "--markdown", "--multirun", "--help"]))])
         elif "=" not in a and not a.startswith(("~", "+")) and not overrides and not named:
             command, named = a, True  # the first word, options aside
-        elif "=" not in a and not a.startswith(("~", "+")) and command == "restore":
+        elif "=" not in a and not a.startswith(("~", "+")) and command in ("restore",
+                                                                             "compare"):
             flags.setdefault("args", [])
             flags["args"].append(a)
         else:
@@ -202,6 +218,8 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     for note in result["plan"]["notes"]:
         err.print(f"[yellow]workload warning:[/] {escape(note)}")
     print_outcome(summary, Console(highlight=False), time.monotonic() - start)
+    if (summary.get("comparison") or {}).get("message"):
+        return EXIT_REGRESSED
     return 0 if summary["decided"] and not summary["missing"] else 1
 
 
@@ -271,6 +289,41 @@ def cmd_restore(overrides: list[str], flags: Flags) -> int:
     sys.stdout.write(f"restored {p.traffic_class} champion {p.version} (was {p.previous}): "
                      f"{p.path}\n")
     return 0
+
+
+def cmd_compare(overrides: list[str], flags: Flags) -> int:
+    """What changed from sweep A to sweep B, beyond noise (specflow.results.comparing)."""
+    from pathlib import Path
+
+    from specflow.config.compose import load
+    from specflow.decision.compare import compare
+    from specflow.results import comparing
+
+    args = list(flags.get("args") or [])
+    if len(args) != 2:
+        raise SpecError([Problem("compare", "needs two sweeps", args,
+                                 "compare A B [--markdown FILE] [overrides]")])
+    spec = load(overrides).spec
+    where = {"workdir": spec.tracking.workdir, "tracking_uri": spec.tracking.uri,
+             "output_dir": spec.promote.output_dir}
+    problems, sides = [], []
+    for what, ref in zip(("compare A", "compare B"), args, strict=True):
+        try:
+            sides.append(comparing.resolve(ref, what, **where))
+        except SpecError as exc:
+            problems += exc.problems
+    if problems:
+        raise SpecError(problems)
+    cmp = compare(*sides, confidence=spec.promote.confidence,
+                  tolerance=spec.promote.tie_tolerance)
+    if flags.get("json"):
+        sys.stdout.write(comparing.dumps(cmp) + "\n")
+    else:
+        wide = None if sys.stdout.isatty() else 200  # a pipe or a CI log: no terminal width
+        comparing.print_table(cmp, Console(highlight=False, width=wide))
+    if flags.get("markdown"):
+        Path(flags["markdown"]).write_text(comparing.markdown(cmp), encoding="utf-8")
+    return comparing.exit_code(cmp)
 
 
 def cmd_build_models(overrides: list[str], flags: Flags) -> int:
@@ -363,6 +416,7 @@ COMMANDS: dict[str, Callable[[list[str], Flags], int]] = {
     "headroom": cmd_headroom,
     "build-models": cmd_build_models,
     "restore": cmd_restore,
+    "compare": cmd_compare,
     "vllm-check": cmd_vllm_check,
 }
 

@@ -16,7 +16,8 @@ Regression gate: a new champion replaces the old one unless, in some band both d
 one is confidently worse than what the old one was promoted for (new speedup upper bound <
 old speedup estimate x (1 - tie_tolerance)) while the new sweep did not re-measure the old
 champion's engine there; when it did, the same-sweep comparison (already made by the analysis)
-stands. Per-position acceptance drops against the old champion's drafter are flagged, not refused.
+stands. Per-position acceptance drops against the old champion's drafter are flagged, not refused:
+beyond noise where the two sweeps were compared, else beyond the fixed `acceptance_drop`.
 (Refusing whenever the new lower bound falls below the old estimate would refuse re-validating
 the very same config almost every time: a lower bound sits below its own estimate.)
 
@@ -73,7 +74,8 @@ class GateResult:
     excused: tuple[str, ...] = ()
     """Bands where it is worse but the old champion was re-measured and no longer holds."""
     acceptance_drops: tuple[str, ...] = ()
-    """Per-position acceptance drops beyond `acceptance_drop` (flagged only)."""
+    """Per-position acceptance drops of the champion's drafter (flagged only): beyond noise
+    where a comparison with the champion's sweep has the data, else beyond `acceptance_drop`."""
     notes: tuple[str, ...] = ()
     """What could not be compared (bands only one of them decided, an older file format)."""
     forced: bool = False
@@ -174,6 +176,9 @@ class VersionedRecord(ChampionRecord):
     created_at: str
     previous: JsonValue
     """The version of the champion it followed (None: none), checked like `version`."""
+    sweep_id: str | None = None
+    """The sweep it was decided on (`specflow compare` reads its windows); None in files
+    written before it was recorded."""
 
 
 class GatedRecord(VersionedRecord):
@@ -359,16 +364,19 @@ def _measured(decisions: Sequence[Decision], band: str, engine_hash: str) -> Ver
 
 
 def regression_gate(new: ChampionRecord, old: ChampionRecord | None, promote: PromoteSpec,
-                    decisions: Sequence[Decision]) -> GateResult:
+                    decisions: Sequence[Decision], drops: Sequence[str] | None = None
+                    ) -> GateResult:
     """Compare a new champion record (from `decisions`) with the current one (see the module
-    docstring)."""
+    docstring). `drops`: the per-position acceptance drops beyond noise of the champion's
+    engine from a comparison of the two sweeps (`specflow compare`), which replace the fixed
+    `acceptance_drop` threshold; None where no comparison has the data."""
     if old is None:
         return GateResult(True)
     if old.schema_version != SCHEMA_VERSION:
         return GateResult(True, notes=(f"the previous champion's file format "
                                        f"{old.schema_version} is not {SCHEMA_VERSION}; "
                                        "not compared",))
-    regressions, excused, drops = [], [], []
+    regressions, excused, found = [], [], []
     old_bands = {b.band: b for b in old.bands}
     new_bands = {b.band for b in new.bands}
     notes = [f"band {b} was decided only by the {which} champion; not compared"
@@ -396,15 +404,17 @@ def regression_gate(new: ChampionRecord, old: ChampionRecord | None, promote: Pr
                                + (f" and is rejected ({remeasured.rejected[0].gate})"
                                   if remeasured.rejected else ""))
         old_curve = ob.per_position_acceptance
-        if not old_curve:
+        if not old_curve or drops is not None:
             continue
         new_curve = (remeasured.per_position_acceptance if remeasured else ()) or (
             nb.per_position_acceptance if nb.drafter == ob.drafter else ())
         for i, (a, b) in enumerate(zip(old_curve, new_curve, strict=False)):
             if a - b > promote.acceptance_drop:
-                drops.append(f"band {label}: {ob.drafter} acceptance at position {i + 1} fell "
+                found.append(f"band {label}: {ob.drafter} acceptance at position {i + 1} fell "
                              f"{a:.3f} -> {b:.3f} (> {promote.acceptance_drop:.3f})")
-    return GateResult(not regressions, tuple(regressions), tuple(excused), tuple(drops),
+    if drops is not None:
+        found = list(drops)
+    return GateResult(not regressions, tuple(regressions), tuple(excused), tuple(found),
                       tuple(notes))
 
 
@@ -422,12 +432,16 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
                   promote: PromoteSpec, *, output_dir: str | Path | None = None,
                   force: bool = False, on_promoted: Hook | None = None,
                   before_replace: BeforeReplace | None = None,
-                  now: dt.datetime | None = None) -> Promotion:
+                  now: dt.datetime | None = None, sweep_id: str | None = None,
+                  acceptance_drops: Mapping[str, Sequence[str]] | None = None) -> Promotion:
     """Make one class's decision its champion, unless the regression gate refuses it.
 
     `engines`: the plan's EngineConfigs by hash (the deployable argv and speculative config come
     from them). `force` overrides the gate (recorded). `on_promoted` runs after the champion is
-    in place; if it raises, the files stay promoted and the error propagates."""
+    in place; if it raises, the files stay promoted and the error propagates. `sweep_id`: the
+    sweep decided on, recorded in the files. `acceptance_drops`: per class, the champion's
+    per-position acceptance drops beyond noise from a comparison with its sweep (see
+    `regression_gate`); a class not in it keeps the fixed threshold."""
     cdir = class_dir(output_dir if output_dir is not None else promote.output_dir,
                      result.traffic_class)
     now = now or dt.datetime.now(dt.UTC)
@@ -437,7 +451,8 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
         old = champion(cdir.parent, result.traffic_class)
         previous = _plain(old.version) if old is not None else None
         stamp: dict[str, Any] = {**dict(record), "version": version,
-                                 "created_at": now.isoformat(), "previous": previous}
+                                 "created_at": now.isoformat(), "previous": previous,
+                                 "sweep_id": sweep_id}
         if any(d.outcome == "unresolved" for d in result.decisions) and not force:
             # Never promote on an undecided band, not even "off": the champion stays.
             unresolved = VersionedRecord(**stamp)
@@ -450,7 +465,8 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
             # the same evidence again (a resumed or re-validated sweep with nothing new)
             return Promotion(result.traffic_class, "unchanged", previous, cdir / CHAMPION,
                              _plain(old.previous), GateResult(True), old)
-        gate = regression_gate(record, old, promote, result.decisions)
+        drops = (acceptance_drops or {}).get(result.traffic_class)
+        gate = regression_gate(record, old, promote, result.decisions, drops)
         if force and not gate.passed:
             gate = dataclasses.replace(gate, passed=True, forced=True)
         gated = GatedRecord(**stamp, gate=gate)

@@ -13,6 +13,9 @@ Kinds:
 * ``draft_random``: an unrelated 1-layer random Llama; acceptance about 0.
 * ``draft_derived``: the target plus seeded Gaussian noise on its matrices; partial
   agreement with the target (greedy acceptance strictly between 0 and 1).
+* ``draft_derived_far``: the same with noise as large as the matrices themselves: a later
+  revision of the derived drafter that agrees with the target on almost nothing (the
+  comparison tests replace the copy with it).
 * ``eagle3``: a random EAGLE-3 head (``LlamaForCausalLMEagle3``) reading the target's
   hidden states after layers 1, 2 and 3.
 
@@ -94,7 +97,8 @@ SEED_KINDS: tuple[str, ...] = tuple(SEED)
 
 
 KINDS: tuple[str, ...] = (
-    "target", "draft_copy", "draft_random", "draft_derived", "eagle3", *SEED_KINDS)
+    "target", "draft_copy", "draft_random", "draft_derived", "draft_derived_far", "eagle3",
+    *SEED_KINDS)
 
 
 DEFAULT_ROOT = Path(".specflow/models")
@@ -161,6 +165,9 @@ DERIVED_NOISE_SEED = 777
 
 
 DERIVED_NOISE_SCALE = 0.03  # noise std relative to each matrix's std (~64% greedy agreement)
+
+
+DERIVED_FAR_NOISE_SCALE = 1.0  # noise as large as each matrix: almost no agreement
 
 
 EAGLE3_SEED = 99
@@ -263,6 +270,8 @@ def _spec(kind: str) -> dict[str, Any]:
         spec["draft"] = asdict(DRAFT_RANDOM)
     elif kind == "draft_derived":
         spec["noise"] = {"seed": DERIVED_NOISE_SEED, "scale": DERIVED_NOISE_SCALE}
+    elif kind == "draft_derived_far":
+        spec["noise"] = {"seed": DERIVED_NOISE_SEED, "scale": DERIVED_FAR_NOISE_SCALE}
     elif kind == "eagle3":
         spec["eagle3"] = {"seed": EAGLE3_SEED, "aux_layer_ids": list(EAGLE3_AUX_LAYER_IDS)}
     return spec
@@ -400,8 +409,9 @@ def _random_llama(spec: LlamaSpec) -> Any:
     return model.eval()
 
 
-def _derived_from(target: Any) -> Any:
-    """The target plus seeded noise on every matrix (norms kept): partial agreement."""
+def _derived_from(target: Any, scale: float = DERIVED_NOISE_SCALE) -> Any:
+    """The target plus seeded noise on every matrix (`scale` x its std; norms kept): partial
+    agreement."""
     import torch
 
     gen = torch.Generator().manual_seed(DERIVED_NOISE_SEED)
@@ -411,7 +421,7 @@ def _derived_from(target: Any) -> Any:
             t = state[name]
             if t.dim() < 2:
                 continue
-            noise = torch.randn(t.shape, generator=gen) * (DERIVED_NOISE_SCALE * t.std())
+            noise = torch.randn(t.shape, generator=gen) * (scale * t.std())
             if name == "lm_head.weight":
                 noise[SPECIAL_TOKENS.index(EOS)] = 0.0
             t.add_(noise)
@@ -483,6 +493,8 @@ def _write_kind(kind: str, out: Path) -> None:
             model = _random_llama(TARGET)
         elif kind == "draft_random":
             model = _random_llama(DRAFT_RANDOM)
+        elif kind == "draft_derived_far":
+            model = _derived_from(_random_llama(TARGET), DERIVED_FAR_NOISE_SCALE)
         else:
             model = _derived_from(_random_llama(TARGET))
     _save_llama(model, out)

@@ -43,6 +43,7 @@ from specflow.engine.server import (
     EngineStartError,
     LocalEngine,
     Server,
+    argv_value,
     http_get,
     redact_argv,
     tail,
@@ -159,6 +160,26 @@ def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = Fal
                    "--metric-percentiles", METRIC_PERCENTILES,
                    "--save-result", "--save-detailed", "--result-dir", str(point_dir),
                    "--result-filename", RESULT_FILE]
+
+
+def sampling_of(argv: Sequence[str]) -> dict[str, str | int | float | bool | None]:
+    """What a window's requests carry, read from its `vllm bench serve` arguments: a setting
+    left out is None (vLLM's default applies, and that default may change between versions: the
+    temperature trap of vLLM issue 33497). Recorded on every window and compared across sweeps
+    (`specflow compare`), so that a changed request reads as "the workload changed"."""
+    def number(flag: str, kind: type[int] | type[float]) -> int | float | None:
+        value = argv_value(argv, flag)
+        return kind(value) if value is not None else None
+
+    extra = json.loads(argv_value(argv, "--extra-body") or "{}")
+    stop = extra.get("stop")
+    return {"temperature": number("--temperature", float), "seed": number("--seed", int),
+            "max_tokens": number("--custom-output-len", int),
+            "ignore_eos": "--ignore-eos" in argv,
+            "chat_template": "as materialised" if "--skip-chat-template" in argv
+            else "applied by vllm bench",
+            "order": "dataset order" if "--disable-shuffle" in argv else "shuffled",
+            "stop": json.dumps(stop or [])}
 
 
 def read_prompts(w: Window) -> list[str]:
@@ -417,11 +438,12 @@ def _measure(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window, fi
     except (OSError, ValueError) as exc:
         return _failed(ec, w, "dataset_invalid", str(exc), artifacts)
     phash = prompt_hash(prompts)
+    sent = sampling_of(bench_argv(server, w, files.dir))
     key = w.key(ec)
     run = _warm_up(server, gen, w, files, timeout_s, artifacts, key) or \
         _bench(server, gen, w, files, timeout_s, artifacts, key)
     if not isinstance(run, _Run):
-        return _failed(ec, w, *run, artifacts, prompt_hash=phash)
+        return _failed(ec, w, *run, artifacts, prompt_hash=phash, sampling=sent)
     delta = metrics.window_delta(run.before.spec, run.after.spec)
     mismatches = metrics.compare_with_bench(delta, run.result)
     requests = request_stats(run.result, prompts, files.per_request)
@@ -440,8 +462,8 @@ def _measure(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window, fi
         "per_request": per_request_check(requests, delta)
         if ec.speculative_config is not None else None})
     artifacts["counters"] = files.counters
-    return _measurement(ec, w, run.result, delta, _status(w, run.result, mismatches), phash,
-                        artifacts, requests)
+    return replace(_measurement(ec, w, run.result, delta, _status(w, run.result, mismatches),
+                                phash, artifacts, requests), sampling=sent)
 
 
 def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],

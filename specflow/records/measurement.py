@@ -148,6 +148,11 @@ class Measurement:
     requests: tuple[RequestStats, ...] = ()
     """Each request of the window, in dataset order (empty when the load generator did not
     report them)."""
+    sampling: dict[str, str | int | float | bool | None] = field(default_factory=dict)
+    """The sampling settings the window's requests carried, read from the load generator's
+    arguments (`specflow.engine.runner.sampling_of`): temperature, seed, max tokens, ignore-EOS,
+    the chat template, the prompts' order and stop strings. None: not sent, so vLLM's default
+    applied. Empty in ledgers written before it was recorded."""
 
     @property
     def ok(self) -> bool:

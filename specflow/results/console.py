@@ -158,6 +158,12 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
                   soft_wrap=True)
     for p in summary["promotions"]:
         out.print(escape(f"{p['status']} {p['traffic_class']}: {p['path']}"), soft_wrap=True)
+    cmp = summary.get("comparison")
+    if cmp:
+        out.print(escape(f"against the last sweep of this plan ({cmp['previous']}): "
+                         f"{cmp['summary']} ({cmp['markdown']})"), soft_wrap=True)
+        if cmp["message"]:
+            out.print(f"[red]{escape(cmp['message'])}[/]", soft_wrap=True)
     if summary["report"]:
         out.print(escape(f"report (every candidate, plots): {summary['report']}"),
                   soft_wrap=True)

@@ -8,7 +8,8 @@ A window file that cannot be read back (torn, empty, binary, of the wrong shape)
 again instead of failing on it.
 
 Every file here has one pydantic model that validates and serialises it: `Entry` (a window
-file), `Lease` (a unit's lease) and `EngineStartEvent` (a line of `events.jsonl`).
+file), `Lease` (a unit's lease), `EngineStartEvent` (a line of `events.jsonl`) and `SweepInfo`
+(`sweep.json`: what the sweep measured and with what, read by `specflow compare`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,29 @@ class EngineStartEvent(BaseModel):
     """The device ids it was given (None: every device visible)."""
 
 
+class SweepInfo(BaseModel):
+    """`sweep.json`: the sweep's identity as a comparison needs it, written when the sweep is
+    opened (again on each resume: the pins of the newest run)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sweep_id: str
+    plan_hash: str
+    target: str
+    hardware: str
+    experiment: str
+    """The MLflow experiment it logs to."""
+    measured: dict[str, Any]
+    """`measured_settings`: the workloads and everything else that changes what a window
+    measures."""
+    pins: dict[str, str]
+    """Versions and revisions (vLLM, torch, the checkpoints, device, driver)."""
+    opened_at: str
+    """UTC time of the newest opening."""
+    repeats: int | None = None
+    """`sweep.repeats` (a grid sweep's closing baseline windows come after them)."""
+
+
 class Ledger:
     """Points of one sweep under `<workdir>/sweeps/<sweep_id>/`."""
 
@@ -114,6 +138,24 @@ class Ledger:
 
     def _path(self, window_id: str) -> Path:
         return self.windows / (window_id.replace("/", "__") + ".json")
+
+    @property
+    def info_path(self) -> Path:
+        return self.dir / "sweep.json"
+
+    def write_info(self, info: SweepInfo) -> None:
+        atomic_write_json(self.info_path, info.model_dump(mode="json"))
+
+    def info(self) -> SweepInfo | None:
+        """`sweep.json`, or None when the sweep has none (older, or unreadable: said in the log)."""
+        try:
+            return SweepInfo.model_validate_json(self.info_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("%s is unreadable (%s); the sweep's pins are unknown", self.info_path,
+                        str(exc).splitlines()[0])
+            return None
 
     def record(self, m: Measurement, run_id: str | None = None) -> None:
         """Keep a finished (or failed) window, not yet logged to MLflow."""

@@ -221,6 +221,12 @@ class Tracker:
                 self.client.log_artifact(run_id, str(f), artifact_path)
         self.client.set_terminated(run_id, status=status)
 
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        """Tags on a run, in one batch (values cut to MLflow's 5,000 characters)."""
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+
     def set_note(self, run_id: str, markdown: str) -> None:
         """The run's description (`mlflow.note.content`), shown first on its page."""
         self.client.set_tag(run_id, "mlflow.note.content", markdown)

@@ -547,6 +547,13 @@ class PromoteSpec(_Model):
     """Seed of the bootstrap resampling, so a decision is reproducible from its records."""
     acceptance_drop: float = Field(default=0.05, gt=0.0, le=1.0)
     """Per-position acceptance drop (absolute) against the previous champion that is flagged."""
+    on_regression: Literal["keep", "demote", "off"] = "demote"
+    """When the comparison with the last sweep of the same plan finds the current champion's
+    engine regressed beyond noise: `keep` it (the run says so and ends `Regressed`), `demote`
+    it to this sweep's decision (promoted past the regression gate; kept where that decision is
+    unresolved), or demote the class to `off`. Default `demote`: this sweep re-measured the
+    champion under the new pins and its decision passed the same gates; a regression beyond
+    noise is the change the regression gate exists to let through, not noise."""
 
 
 ExecutorBackend = Literal["uni", "mp", "ray", "external_launcher"]

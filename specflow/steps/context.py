@@ -9,6 +9,7 @@ locally while MLflow was unreachable. Nothing is cached in the process.
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.metadata as md
 import logging
 import subprocess
@@ -23,7 +24,7 @@ from specflow.demo import tiny
 from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, plan_windows
 from specflow.records.measurement import Measurement
-from specflow.results.ledger import Ledger, sweep_id
+from specflow.results.ledger import Ledger, SweepInfo, sweep_id
 from specflow.results.tracking import Tracker
 from specflow.search import predict
 from specflow.search.plan import EngineStart, Shape
@@ -64,6 +65,8 @@ class Context:
     synced: int = 0
     """Windows kept locally by an earlier step or run and pushed to MLflow on opening."""
     notes: list[str] = field(default_factory=list)
+    pins: dict[str, str] = field(default_factory=dict)
+    """`pins`: versions and revisions, in `sweep.json` and on the MLflow parent run."""
 
     @property
     def spec(self) -> Spec:
@@ -252,8 +255,14 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = 
     facts = _vllm_facts(loaded, plan)
     if _local_models(loaded):
         tiny.build_all(Path(spec.paths.models))
-    ledger = Ledger(Path(spec.tracking.workdir),
-                    sweep_id(plan.hash, facts.version, measured_settings(spec)))
+    measured = measured_settings(spec)
+    ledger = Ledger(Path(spec.tracking.workdir), sweep_id(plan.hash, facts.version, measured))
+    pinned = pins(loaded, facts)
+    ledger.write_info(SweepInfo(
+        sweep_id=ledger.sid, plan_hash=plan.hash, target=plan.target, hardware=plan.hardware,
+        experiment=experiment_name(loaded), measured=measured, pins=pinned,
+        opened_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        repeats=spec.sweep.repeats))
     reports = {ec.hash: h for ec, h in zip(plan.engine_configs, headroom_reports(loaded, plan),
                                                    strict=True)}
     local_tok = Path(spec.target.tokenizer or spec.target.model).expanduser()
@@ -263,7 +272,7 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = 
     windows = plan_windows(spec.workload, {n: m.path for n, m in datasets.items()},
                            spec.sweep.concurrency, spec.sweep.repeats, spec.sweep.warmup_requests)
     ctx = Context(overrides, loaded, plan, facts, ledger, reports, datasets, windows,
-                  notes=[w for m in datasets.values() for w in m.warnings])
+                  notes=[w for m in datasets.values() for w in m.warnings], pins=pinned)
     if tracking:
         _open_tracking(ctx, sync)
     return ctx
@@ -278,8 +287,7 @@ def _open_tracking(ctx: Context, sync: bool = True) -> None:
         ctx.tracker.check()
         run_name = f"sweep {ctx.plan.target} on {ctx.plan.hardware} ({ctx.plan.hash[:8]})"
         ctx.parent_run_id = ctx.tracker.parent(
-            ctx.sid, ctx.plan, artifact_config(ctx.loaded),
-            pins(ctx.loaded, ctx.facts), run_name)
+            ctx.sid, ctx.plan, artifact_config(ctx.loaded), ctx.pins, run_name)
         ctx.synced = ctx.push_unlogged() if sync else 0
     except Exception as exc:  # noqa: BLE001 - any store failure: keep results locally, sync next run
         ctx.went_offline(exc)

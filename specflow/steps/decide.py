@@ -21,6 +21,13 @@ from specflow.search.schedules import measured_schedules
 from specflow.steps import measure
 from specflow.steps.context import Context, experiment_name
 from specflow.steps.measure import measurements, missing
+from specflow.steps.revalidate import (
+    Revalidation,
+    compare_with_previous,
+    position_drops,
+    regressed_message,
+    revalidate,
+)
 
 
 @dataclass
@@ -33,6 +40,8 @@ class Outcome:
     plots: list[Path]
     promotions: list[promote.Promotion]
     table: list[dict[str, Any]]
+    revalidation: Revalidation = dataclasses.field(default_factory=Revalidation)
+    """The comparison with the last sweep of the same plan and what the policy did."""
 
 
 def _no_decision(ctx: Context, problems: list[str]) -> Outcome:
@@ -114,23 +123,45 @@ def decide(ctx: Context) -> Outcome:
         promotable, more = measured_schedules(promotable, progress.schedules)
         problems += more
     engines = {ec.hash: ec for ec in ctx.plan.engine_configs}
-    promotions = promote.promote_all(promotable, engines, ctx.spec.promote,
-                                     on_promoted=lambda p: _register(ctx, p))
+    champions = {r.traffic_class: promote.champion(ctx.spec.promote.output_dir, r.traffic_class)
+                 for r in promotable.classes}
+    found = compare_with_previous(ctx)
+    promotions = promote.promote_all(
+        promotable, engines, ctx.spec.promote, sweep_id=ctx.sid,
+        acceptance_drops=position_drops(found[1], champions) if found else None,
+        on_promoted=lambda p: _register(ctx, p))
+    reval = revalidate(ctx, promotable, champions, promotions, engines, found)
     table = [row for r in result.classes for row in decision_rows(r)]
     if ctx.tracker is not None and ctx.parent_run_id is not None:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:
             ctx.tracker.log_summary(ctx.parent_run_id, {
                 "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
-                **band_metrics(table), **predict.summary(versus)}, [files.report, *files.plots],
+                **band_metrics(table), **predict.summary(versus), **_compare_metrics(reval)},
+                [files.report, *files.plots, *([reval.markdown] if reval.markdown else [])],
                 artifact_path="report")
+            if reval.comparison is not None:
+                ctx.tracker.set_tags(ctx.parent_run_id, {
+                    "specflow.compared_with": reval.previous or "",
+                    "specflow.comparison": reval.comparison.summary,
+                    **({"specflow.regressed": regressed_message(reval)} if reval.regressed
+                       else {})})
             ctx.tracker.set_note(ctx.parent_run_id, report.decision_note(
                 f"Decision per traffic class and concurrency band: sweep {ctx.sid}, "
                 f"{ctx.plan.target} on {ctx.plan.hardware}", console.decision_lines(table),
                 [(p.traffic_class, _champion(p)) for p in promotions]))
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
-    return Outcome(True, problems, files.report, list(files.plots), promotions, table)
+    return Outcome(True, problems, files.report, list(files.plots), promotions, table, reval)
+
+
+def _compare_metrics(r: Revalidation) -> dict[str, float]:
+    """The comparison with the previous sweep, charted across re-validations."""
+    if r.comparison is None:
+        return {}
+    return {"compare.regressions": float(len(r.comparison.regressions)),
+            "compare.improvements": float(len(r.comparison.improvements)),
+            "compare.champion_regressed": float(bool(r.regressed))}
 
 
 def band_metrics(table: list[dict[str, Any]]) -> dict[str, float]:
@@ -199,7 +230,18 @@ def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
         "run_link": _run_link(ctx),
         "missing": [k.id for k in missing(ctx)],
         "cost": search_cost(ctx),
+        "comparison": _comparison(outcome.revalidation),
     }
+
+
+def _comparison(r: Revalidation) -> dict[str, Any] | None:
+    if r.comparison is None:
+        return None
+    return {"previous": r.previous, "summary": r.comparison.summary,
+            "markdown": str(r.markdown) if r.markdown else None,
+            "regressions": len(r.comparison.regressions),
+            "champion_regressed": sorted(r.regressed), "applied": r.applied,
+            "message": regressed_message(r) if r.regressed else None}
 
 
 def search_cost(ctx: Context) -> dict[str, Any]:

@@ -30,7 +30,8 @@ import psutil
 import pytest
 
 from specflow.config.compose import load_plan
-from specflow.engine import metrics
+from specflow.decision.compare import NOT_SENT, SweepSide, compare
+from specflow.engine import metrics, runner
 from specflow.engine.launcher import vllm_command
 from specflow.engine.loadgen import bench_env, driver_python
 from specflow.engine.runner import (
@@ -395,12 +396,30 @@ def _kill_second_window(runs: Iterator[Measurement]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def derived(setup: dict[str, Any]) -> list[Measurement]:
+def derived_run(setup: dict[str, Any]) -> dict[str, Any]:
     """The derived drafter, with one `vllm bench serve` process per window (the fallback):
-    two windows at one level, so only the first is warmed up."""
-    return list(run_engine(setup["ecs"][f"draft_model_derived-n{N}"], setup["backend"],
-                           [_window(setup), _window(setup, repeat=1)], setup["work"],
-                           load_generator="process"))
+    two windows at one level, so only the first is warmed up; then two windows whose
+    requests carry no temperature (`trap`: vLLM's default applies, as when `vllm bench serve`
+    changed its default, vLLM issue 33497)."""
+    def no_temperature(*args: Any, **kw: Any) -> list[str]:
+        argv = bench_argv(*args, **kw)
+        if args[1].repeat < 2:
+            return argv
+        i = argv.index("--temperature")
+        return argv[:i] + argv[i + 2:]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "bench_argv", no_temperature)
+        ms = list(run_engine(setup["ecs"][f"draft_model_derived-n{N}"], setup["backend"],
+                             [_window(setup), _window(setup, repeat=1),
+                              _window(setup, repeat=2), _window(setup, repeat=3)],
+                             setup["work"], load_generator="process"))
+    return {"ms": ms[:2], "trap": ms[2:]}
+
+
+@pytest.fixture(scope="module")
+def derived(derived_run: dict[str, Any]) -> list[Measurement]:
+    return derived_run["ms"]
 
 
 def _ok(m: Measurement) -> Measurement:
@@ -545,6 +564,25 @@ def test_derived_drafter_partial_acceptance(derived: list[Measurement],
     assert len(pp) == N and all(a >= b for a, b in itertools.pairwise(pp))
     assert m.mean_acceptance_length == pytest.approx(1 + sum(pp), abs=1e-12)
     assert m.output_digests == baseline["baseline"][0].output_digests
+
+
+@pytest.mark.engine
+def test_the_requests_sampling_is_recorded_and_a_changed_default_is_caught(
+        derived_run: dict[str, Any]) -> None:
+    """Every window records what its requests carried; a window whose requests left the
+    temperature to vLLM's default measured another workload: `compare` says so and gives no
+    verdict, whatever its acceptance did."""
+    m, again = (_ok(x) for x in derived_run["ms"])
+    trap = [_ok(x) for x in derived_run["trap"]]
+    assert m.sampling == again.sampling == {
+        "temperature": 0.0, "seed": 0, "max_tokens": MAX_TOKENS, "ignore_eos": False,
+        "chat_template": "as materialised", "order": "dataset order", "stop": "[]"}
+    assert all(t.sampling == {**m.sampling, "temperature": None} for t in trap)
+    assert all(t.prompt_hash == m.prompt_hash for t in trap)
+    cmp = compare(SweepSide("A", (m, again)), SweepSide("B", tuple(trap)))
+    assert cmp.workload_changes == (f"code: requests' temperature 0.0 -> {NOT_SENT}",)
+    assert cmp.changes and {c.verdict for c in cmp.changes} == {"workload changed"}
+    assert not cmp.regressions and cmp.summary.startswith("not comparable")
 
 
 @pytest.mark.engine
