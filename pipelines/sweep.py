@@ -32,7 +32,8 @@ def prepare(overrides: list[str]) -> dict[str, Any]:
             "design": ctx.spec.sweep.design, "dispatch": ctx.spec.dispatch.deployment,
             "engines": [(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
             "headroom": {h: r.verdict for h, r in ctx.headroom.items()},
-            "tracking_error": ctx.tracking_error, "notes": ctx.notes}
+            "tracking_error": ctx.tracking_error, "notes": ctx.notes,
+            "soak": ctx.spec.sweep.soak is not None}
 
 
 def _retry_start(task: Any, task_run: Any, state: Any) -> bool:
@@ -120,6 +121,39 @@ def decide(overrides: list[str]) -> dict[str, Any]:
     return summary
 
 
+@task(name="soak", task_run_name="soak", cache_policy=NO_CACHE)
+def soak(overrides: list[str], on_window: steps.OnWindow | None = None) -> dict[str, Any] | None:
+    """`sweep.soak`: one engine measured for a set time, its trend reported
+    (specflow.steps.soak)."""
+    ctx = steps.open_sweep(overrides)
+    result = steps.run_soak(ctx, _logged(on_window))
+    if result is None:
+        return None
+    for line in result.lines():
+        print(line)
+    text = result.report.read_text()
+    create_markdown_artifact(markdown=text[:200_000], key="specflow-soak",
+                             description=f"soak of {result.engine}: throughput and acceptance "
+                                         "length over time")
+    if ctx.tracker is not None and ctx.parent_run_id is not None:
+        metrics = {f"soak.{k.replace(' ', '_')}_per_hour": t.per_hour
+                   for k, t in result.trends.items() if t is not None}
+        try:
+            ctx.tracker.log_summary(ctx.parent_run_id, metrics, [result.report],
+                                    artifact_path="soak")
+        except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
+            ctx.went_offline(exc)
+    return {"engine": result.engine, "windows": result.windows, "lines": result.lines(),
+            "report": str(result.report), "verdicts": result.verdicts}
+
+
+def _with_soak(result: dict[str, Any], overrides: list[str],
+               on_window: steps.OnWindow | None) -> Any:
+    """The soak after the decision, when one is configured; then the flow's end state."""
+    result["soak"] = soak(overrides, on_window) if result["plan"].get("soak") else None
+    return _ended(result)
+
+
 @flow(name="specflow-sweep", flow_run_name="sweep {run_label}", log_prints=True)
 def sweep_flow(overrides: list[str], run_label: str = "",
                on_window: steps.OnWindow | None = None,
@@ -135,7 +169,7 @@ def sweep_flow(overrides: list[str], run_label: str = "",
                                                                   "baseline (closing)")],
                                         on_window=on_window)
         return _ended({"plan": plan, "engines": engines, "closing": closing,
-                       "outcome": decide(overrides)})
+                       "outcome": decide(overrides)})  # no soak with a work pool (refused)
     engines = []
     for engine_hash, name in plan["engines"]:
         state = measure_engine(overrides, engine_hash, name, on_window, return_state=True)
@@ -143,7 +177,8 @@ def sweep_flow(overrides: list[str], run_label: str = "",
                        else {"engine": name, "hash": engine_hash, "error": state.message})
     closing = closing_baseline(overrides, on_window)
     outcome = decide(overrides)
-    return _ended({"plan": plan, "engines": engines, "closing": closing, "outcome": outcome})
+    return _with_soak({"plan": plan, "engines": engines, "closing": closing, "outcome": outcome},
+                      overrides, on_window)
 
 
 def _ended(result: dict[str, Any]) -> Any:
@@ -182,7 +217,8 @@ def _race(overrides: list[str], plan: dict[str, Any], on_window: steps.OnWindow 
             starts.append(state.result() if state.is_completed()
                           else {"engine": name, "seq": seq, "error": state.message})
     outcome = decide(overrides)
-    return _ended({"plan": plan, "engines": starts, "closing": None, "outcome": outcome})
+    return _with_soak({"plan": plan, "engines": starts, "closing": None, "outcome": outcome},
+                      overrides, on_window)
 
 
 def run(overrides: list[str], on_window: steps.OnWindow | None = None,

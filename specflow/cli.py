@@ -218,6 +218,8 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
     for note in result["plan"]["notes"]:
         err.print(f"[yellow]workload warning:[/] {escape(note)}")
     print_outcome(summary, Console(highlight=False), time.monotonic() - start)
+    for line in (result.get("soak") or {}).get("lines", []):
+        sys.stdout.write(line + "\n")
     if (summary.get("comparison") or {}).get("message"):
         return EXIT_REGRESSED
     return 0 if summary["decided"] and not summary["missing"] else 1

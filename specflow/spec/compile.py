@@ -622,6 +622,10 @@ def _check_dispatch(spec: Spec) -> list[Problem]:
         return []
     shared = "an absolute path on a filesystem every worker mounts"
     out = []
+    if spec.sweep.soak is not None:
+        out.append(Problem("sweep.soak", "a soak runs in the sweep flow's own process, and the "
+                           "flow that fans out to a work pool holds no device", "set",
+                           "null with dispatch.deployment (soak in a sweep run without it)"))
     if spec.backend.kind == "endpoint":
         out.append(Problem("dispatch.deployment", "an endpoint backend measures one running "
                            "server, there is nothing to fan out", spec.dispatch.deployment,
@@ -743,6 +747,18 @@ def _check_configs(spec: Spec, configs: Sequence[EngineConfig]) -> list[Problem]
             out.append(Problem("drafter", f"engine configs '{seen[ec.hash]}' and '{ec.name}' "
                                "are identical", ec.name, "distinct drafters"))
         seen[ec.hash] = ec.name
+    soak = spec.sweep.soak
+    names = [ec.name for ec in configs]
+    if soak is not None and soak.engine is not None and soak.engine not in names:
+        out.append(Problem("sweep.soak.engine", "not an engine config of the plan", soak.engine,
+                           one_of(names), did_you_mean(soak.engine, names)))
+    if soak is not None and soak.workload is not None and soak.workload not in spec.workload:
+        out.append(Problem("sweep.soak.workload", "not a workload of the sweep", soak.workload,
+                           one_of(list(spec.workload))))
+    if soak is not None and soak.concurrency is not None and \
+            soak.concurrency not in spec.sweep.concurrency:
+        out.append(Problem("sweep.soak.concurrency", "not a concurrency level of the sweep",
+                           soak.concurrency, one_of([str(c) for c in spec.sweep.concurrency])))
     limit = spec.sweep.max_engine_configs
     if len(configs) > limit:
         out.append(Problem("sweep.max_engine_configs", f"the plan has {len(configs)} engine "

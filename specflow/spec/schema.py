@@ -457,6 +457,21 @@ class BudgetSpec(_Model):
                                            self.engine_starts))
 
 
+class SoakSpec(_Model):
+    """A soak: one engine measured window after window for `duration_s`, and the trend of its
+    throughput and acceptance length over that time (drift within one engine's life)."""
+
+    duration_s: float = Field(gt=0, le=7 * 86_400)
+    """How long to measure, in seconds (a GPU node: hours)."""
+    engine: str | None = None
+    """The engine config to soak, by name (e.g. `eagle3-n3`); null: the plan's first
+    speculative engine config."""
+    workload: str | None = None
+    """The workload its windows send; null: the first workload."""
+    concurrency: PositiveInt | None = None
+    """Its concurrency; null: the sweep's highest level."""
+
+
 class SweepSpec(_Model):
     """What to measure: proposal lengths per drafter, concurrency levels and repeats."""
 
@@ -488,6 +503,8 @@ class SweepSpec(_Model):
     `exhaustive`, or `design: grid`: every engine config is measured."""
     budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec())
     """What a racing sweep may spend."""
+    soak: SoakSpec | None = None
+    """After the decision, soak one engine (off by default; see SoakSpec)."""
 
 
 class SloSpec(_Model):

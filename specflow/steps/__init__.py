@@ -22,10 +22,11 @@ from specflow.steps.measure import (
     run_unit,
     unit_of,
 )
+from specflow.steps.soak import SoakResult, run_soak
 
 __all__ = [
     "UNIT_KINDS", "Context", "DevicesShort", "EngineStartFailed", "give_up", "run_unit",
     "unit_of", "OnWindow", "OnRound", "Outcome", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
-    "log_round", "progress", "run_closing_baseline", "run_start",
+    "log_round", "progress", "run_closing_baseline", "run_start", "SoakResult", "run_soak",
 ]

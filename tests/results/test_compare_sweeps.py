@@ -98,14 +98,17 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path,
            prefect_api: str) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("compare")
     a, _ = _sweep(root / "a", tiny_models, prefect_api)
-    again, _ = _sweep(root / "again", tiny_models, prefect_api)
+    # the same plan again, elsewhere; after its decision it soaks its speculative engine
+    again, again_run = _sweep(root / "again", tiny_models, prefect_api,
+                              "sweep.soak={duration_s: 20}")
     champion = _champion_of_the_copy(root / "a", tiny_models)
     # the new revision, where A ran: the run compares itself with A
     worse, run = _sweep(root / "a", tiny_models, prefect_api,
                         f"drafter.draft_model.checkpoints.tiny.model={tiny_models}/draft_derived_far",
                         "promote.on_regression=off", rc=(EXIT_REGRESSED,))
     return {"root": root, "a": a, "again": again, "worse": worse, "run": run,
-            "champion": champion, "api": prefect_api}
+            "again_run": again_run, "champion": champion, "api": prefect_api,
+            "models": tiny_models}
 
 
 @pytest.mark.engine
@@ -227,3 +230,49 @@ def test_a_rerun_under_a_new_revision_reports_the_change_and_demotes_the_champio
     assert parent.data.metrics["compare.champion_regressed"] == 1.0
     assert "report/comparison.md" in {f.path for f in client.list_artifacts(
         parent.info.run_id, "report")}
+    # a champion and its history version name their sweeps: the same comparison again
+    root = a.parent.parent.parent
+    by_champion = _compare(root, f"champion:chat@{sweeps['champion'].version}", "champion:chat",
+                           *_where(root))
+    assert by_champion.returncode == EXIT_REGRESSION, by_champion.stderr[-2000:]
+    assert f"A: champion:chat@{sweeps['champion'].version} (sweep {a.name})" in \
+        by_champion.stdout
+    assert f"B: champion:chat (sweep {worse.name})" in by_champion.stdout
+
+
+@pytest.mark.engine
+def test_a_soak_measures_one_engine_for_a_while_and_reports_its_trend(
+        sweeps: dict[str, Any]) -> None:
+    """`sweep.soak`: the copy drafter's engine, one start, window after window for 20 s; the
+    trend of its throughput and acceptance length (exactly flat: the copy accepts all) is
+    reported; the soak's windows stay out of the sweep's ledger and decision."""
+    run, sweep = sweeps["again_run"], sweeps["again"]
+    head = re.search(r"soak of draft_model-n4: (\d+) windows over (\d+) s \(0 failed\)",
+                     run.stdout)
+    assert head, run.stdout[-3000:]
+    assert int(head.group(1)) >= 3 and int(head.group(2)) >= 20
+    assert re.search(r"  throughput: (no trend beyond noise|(falling|rising) beyond noise): "
+                     r"[+-][\d.]+% over \d+ s \[", run.stdout), run.stdout[-2000:]
+    assert re.search(r"  acceptance length: no trend beyond noise: \+0\.0% over \d+ s "
+                     r"\[\+0\.0%, \+0\.0%\] \(\d+ windows\)", run.stdout), run.stdout[-2000:]
+    rows = [json.loads(line) for line in (sweep / "soak" / "windows.jsonl").read_text(
+        ).splitlines()]
+    assert len(rows) == int(head.group(1)) and rows[-1]["t_s"] >= 20
+    assert [r["window"]["key"]["repeat"] for r in rows] == list(range(100_000, 100_000 +
+                                                                       len(rows)))
+    assert {r["window"]["engine"] for r in rows} == {"draft_model-n4"}
+    assert all(r["window"]["mean_acceptance_length"] == 5.0 for r in rows)
+    assert (sweep / "soak" / "soak.md").read_text().startswith("# Soak of draft_model-n4")
+    ledger = list((sweep / "windows").glob("*.json"))
+    assert ledger and not any("r100000" in p.name for p in ledger)
+    (artifact,) = [x for x in _filter(sweeps["api"], "artifacts", {
+        "artifacts": {"key": {"any_": ["specflow-soak"]}}})]
+    assert artifact["data"].startswith("# Soak of draft_model-n4")
+    # the sweep run again: nothing measured, the soak read back, not run again
+    records = (sweep / "soak" / "windows.jsonl").read_bytes()
+    events = (sweep / "events.jsonl").read_bytes()
+    _, rerun = _sweep(sweeps["root"] / "again", sweeps["models"], sweeps["api"],
+                      "sweep.soak={duration_s: 20}")
+    assert head.group(0) in rerun.stdout
+    assert (sweep / "soak" / "windows.jsonl").read_bytes() == records
+    assert (sweep / "events.jsonl").read_bytes() == events  # no engine started
