@@ -138,10 +138,6 @@ def _num(c: Change, v: float) -> str:
 
 def change_text(c: Change) -> str:
     """The change with its interval, e.g. `0.551x [0.512, 0.593]`."""
-    return _change(c)
-
-
-def _change(c: Change) -> str:
     if c.scale == "ratio":
         return f"{c.change:.3f}x [{c.lo:.3f}, {c.hi:.3f}]"
     return f"{c.change:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]"
@@ -154,7 +150,7 @@ COLUMNS = ("class", "workload", "c", "engine", "metric", "A", "B", "B vs A", "ve
 def rows(cmp: Comparison, *, all_positions: bool = True) -> list[tuple[str, ...]]:
     """The table's rows; `all_positions=False` drops per-position rows with no verdict."""
     return [(c.traffic_class, c.workload, str(c.concurrency), c.engine, c.label, _num(c, c.a),
-             _num(c, c.b), _change(c), c.verdict, c.replicates) for c in cmp.changes
+             _num(c, c.b), change_text(c), c.verdict, c.replicates) for c in cmp.changes
             if all_positions or c.metric != "acceptance at position"
             or c.verdict in ("regression", "improvement")]
 
