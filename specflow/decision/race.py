@@ -37,3 +37,6 @@ class BandState:
     looks: int = 0
     """Confirmation looks taken."""
     why: str = ""
+    notes: tuple[tuple[str, str], ...] = ()
+    """(engine hash, note) of what the search checked on the way (an adaptive search's chain
+    check, under its probe's hash)."""

@@ -226,6 +226,8 @@ def round_lines(progress: SearchState, names: Mapping[str, str]) -> list[str]:
                          + (f" [{who}]" if who and b.status != "off" else "")
                          + (f"; {b.why}" if b.why else "")
                          + (f"; dropped {'; '.join(fresh)}" if fresh else ""))
+            if r.index == 0:  # the probe round's chain checks
+                lines += [f"    {name(h)}'s series: {note}" for h, note in b.notes]
     for p in progress.problems:
         lines.append(f"race stopped: {p}")
     if progress.current is not None:

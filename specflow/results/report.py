@@ -22,7 +22,7 @@ from specflow.decision.model import Analysis, ClassResult, Estimate, PointSpeedu
 from specflow.decision.requests import LevelRequests, agreement, analyze_requests
 from specflow.records.fsio import atomic_write
 from specflow.records.measurement import Measurement
-from specflow.search.predict import Versus, summary
+from specflow.search.predict import Curve, Versus, summary
 from specflow.search.rounds import Round, ScheduleCheck
 
 
@@ -229,8 +229,10 @@ def plot_predicted(analysis: Analysis, rows: Sequence[Versus], path: Path) -> Pa
     return _save(fig, path)
 
 
-def _predicted_section(rows: Sequence[Versus], plot: Path | None, base: Path) -> list[str]:
-    """Every measured point of a chained candidate beside its prediction."""
+def _predicted_section(rows: Sequence[Versus], plot: Path | None, base: Path,
+                       curves: Sequence[Curve] = ()) -> list[str]:
+    """Every measured point of a chained candidate beside its prediction, and the chain test of
+    every series measured at three or more N."""
     if not rows:
         return []
     s = summary(rows)
@@ -246,13 +248,22 @@ def _predicted_section(rows: Sequence[Versus], plot: Path | None, base: Path) ->
     if plot is not None:
         lines += [f"![predicted vs measured]({plot.relative_to(base)})", ""]
     lines += ["| engine | from | workload | c | predicted speedup [band] | measured | "
-              "predicted MAL | measured MAL |", "|---|---|---|---|---|---|---|---|"]
+              "predicted MAL | measured MAL | chain |", "|---|---|---|---|---|---|---|---|---|"]
     for v in rows:
         p = v.predicted
         capped = f" (KV holds {p.kv_capacity})" if p.kv_capacity else ""
+        chain = "-" if v.check is None else (
+            f"holds (+/- {v.check.allowed:.3f})" if v.check.holds
+            else f"missed (+/- {v.check.allowed:.3f})")
         lines.append(f"| {v.engine} | {v.probe} | {v.workload} | {v.concurrency} | "
                      f"{p.value:.3f} [{p.lo:.3f}, {p.hi:.3f}]{capped} | {v.speedup:.3f} | "
-                     f"{p.mal:.2f} | {_cell(v.mal)} |")
+                     f"{p.mal:.2f} | {_cell(v.mal)} | {chain} |")
+    broken = [c for c in curves if c.broken]
+    if curves:
+        lines += ["", f"Series measured at three or more N: {len(curves) - len(broken)} of "
+                      f"{len(curves)} curves can come from a chain."]
+    lines += [f"- {c.series} {c.workload} c={c.concurrency}: not a chain ({c.broken}); "
+              "measured per N" for c in broken]
     return [*lines, ""]
 
 
@@ -451,7 +462,8 @@ def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None
         return (names or {}).get(h, h[:8])
 
     lines = ["## Rounds", "", "| round | stage | engine starts | band states after | dropped "
-             "this round | spent (starts / windows / engine-s) |", "|---|---|---|---|---|---|"]
+             "and checked this round | spent (starts / windows / engine-s) |",
+             "|---|---|---|---|---|---|"]
     seen: set[tuple[str, str, str]] = set()
     for r in rounds:
         states = "; ".join(f"{b.traffic_class} {b.band}: {b.status}"
@@ -461,6 +473,9 @@ def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None
         dropped = [f"{b.traffic_class} {b.band}: {name(h)} ({why})" for b in r.states
                    for h, why in b.dropped if (b.traffic_class, b.band, h) not in seen]
         seen |= {(b.traffic_class, b.band, h) for b in r.states for h, _ in b.dropped}
+        dropped += [f"{b.traffic_class} {b.band}: {name(h)}'s series: {note}" for b in r.states
+                    for h, note in b.notes if (b.traffic_class, b.band, note) not in seen]
+        seen |= {(b.traffic_class, b.band, note) for b in r.states for _, note in b.notes}
         lines.append(f"| {r.index} | {r.stage} | {len(r.starts)} | {_cell(states)} | "
                      f"{_cell('; '.join(dropped) or '-')} | {r.spent.engine_starts} / "
                      f"{r.spent.windows} / {r.spent.engine_seconds:.0f} |")
@@ -504,16 +519,18 @@ def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md
                  schedules: Mapping[str, ScheduleCheck] | None = None,
                  measurements: Sequence[Measurement] = (),
                  versus: Sequence[Versus] = (),
-                 names: Mapping[str, str] | None = None) -> ReportFiles:
+                 names: Mapping[str, str] | None = None,
+                 curves: Sequence[Curve] = ()) -> ReportFiles:
     """Write every plot and the Markdown report under out_dir; returns their paths.
     `measurements` (the sweep's windows) add the per-request view where they kept requests;
-    `versus` the predictor's error (`predict.versus`)."""
+    `versus` the predictor's error (`predict.versus`), `curves` its chain tests
+    (`predict.curves`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(analysis, out, analyze_requests(measurements))
     predicted = plot_predicted(analysis, versus, out / "predicted_vs_measured.png")
     path = out / name
     text = markdown(analysis, plots, out, rounds, schedules or {}, measurements, names)
-    text += "\n" + "\n".join(_predicted_section(versus, predicted, out))
+    text += "\n" + "\n".join(_predicted_section(versus, predicted, out, curves))
     atomic_write(path, text)
     return ReportFiles(path, tuple(plots) + ((predicted,) if predicted else ()))

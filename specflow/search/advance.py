@@ -124,14 +124,18 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                     and not _gate_reasons(v) and (iv := _interval(v)) is not None}
         best_lo = max((iv.lo for iv in measured.values()), default=-math.inf)
         pending, pruned = [], []
-        outranked = _outranked(sorted(held, key=shape.candidates.index), shape.chains, vs,
-                               windows, bands[key], z, promote.tie_tolerance)
+        checks = _chain_checks(shape.chains, windows, bands[key], z)
+        broken = {probe for probe, cs in checks.items() if not all(c.holds for c in cs)}
+        predictable = [h for h in sorted(held, key=shape.candidates.index)
+                       if shape.chains[h].probe not in broken]
+        outranked = _outranked(predictable, shape.chains, vs, windows, bands[key], z,
+                               promote.tie_tolerance)
         for h in sorted(held, key=shape.candidates.index):
             ch = shape.chains[h]
             iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z,
                             shape.kv_capacity.get(h))
-            if iv is None:
-                pending.append(h)  # nothing to predict from: measure it
+            if iv is None or ch.probe in broken:
+                pending.append(h)  # nothing to predict from, or not a chain: measure it
             elif iv.hi < threshold or iv.hi < best_lo:
                 bound = threshold if iv.hi < threshold else best_lo
                 pruned.append((h, f"round 0: ruled out: predicted {iv.value:.3f} "
@@ -151,14 +155,48 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                       else "round 0: not measured") for h in unmeasured]
             keep = tuple(h for h in shape.candidates if h in measured or h in pending)
             out[key] = replace(st, contenders=keep, dropped=(*st.dropped, *gated, *pruned),
-                               estimates=measured, ruled_out=(*ruled, *failing))
+                               estimates=measured, ruled_out=(*ruled, *failing),
+                               notes=(*st.notes, *_check_notes(checks, broken)))
         else:
-            stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned),
-                                            ruled_out=ruled), vs,
+            stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned), ruled_out=ruled,
+                                            notes=(*st.notes, *_check_notes(checks, broken))),
+                                    vs,
                                     _drift_protected(result, key, vs, data), promote, 0,
                                     shape.budget.max_rounds)
             out[key] = stepped
     return out, added
+
+
+def _chain_checks(chains: Mapping[str, predict.Chain],
+                  windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
+                  points: Sequence[tuple[str, int]], z: float
+                  ) -> dict[str, list[predict.ChainCheck]]:
+    """Per probe (engine hash), its series' chain check at every point of the band where both
+    the probe and the check were measured."""
+    out: dict[str, list[predict.ChainCheck]] = {}
+    for h, ch in chains.items():
+        if not ch.check:
+            continue
+        for w, c in points:
+            probe = predict.acceptance([m for m in windows.get((ch.probe, w, c), ())
+                                        if m.stage != "schedule"])
+            got = predict.acceptance(windows.get((h, w, c), ()))
+            if probe is not None and got is not None and (
+                    check := predict.check_chain(probe, got, ch.n, ch.probe_n, z)) is not None:
+                out.setdefault(ch.probe, []).append(check)
+    return out
+
+
+def _check_notes(checks: Mapping[str, Sequence[predict.ChainCheck]], broken: set[str]
+                 ) -> tuple[tuple[str, str], ...]:
+    """(probe hash, what its series' chain check found and what the search did about it)."""
+    out = []
+    for probe, cs in checks.items():
+        worst = max(cs, key=lambda c: abs(c.measured - c.predicted) - c.allowed)
+        then = ("not a chain: its other N are measured, not predicted" if probe in broken
+                else "its other N are predicted from the probe")
+        out.append((probe, f"{worst.text()}; {then}"))
+    return tuple(out)
 
 
 def _predicted(ch: predict.Chain, probe: Verdict | None,

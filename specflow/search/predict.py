@@ -50,6 +50,11 @@ CHAIN_METHODS = frozenset(m for m, info in METHODS.items()
 """Methods whose proposal at N = k is the first k tokens of their proposal at a larger N."""
 
 
+CHAIN_TOLERANCE = 0.02
+"""Relative miss in acceptance length a chain may show beyond the sampling error before the
+series is taken for not a chain (the predictor's target median error, bench/search_cost.py)."""
+
+
 @dataclass(frozen=True)
 class Chain:
     """A candidate predicted from its series' probe (the same drafter at its largest N)."""
@@ -58,6 +63,10 @@ class Chain:
     """Engine hash of the probe."""
     n: int
     probe_n: int
+    check: bool = False
+    """The series' smallest N in a series of three or more: measured beside the probe in the
+    first round, its acceptance length checks the chain assumption (`check_chain`) before
+    anything of the series is pruned on a prediction."""
 
 
 @dataclass(frozen=True)
@@ -121,10 +130,12 @@ def chains(configs: Sequence[EngineConfig]) -> dict[str, Chain]:
     out = {}
     for members in series.values():
         probe = max(members, key=lambda e: e.num_speculative_tokens)
+        smallest = min(members, key=lambda e: e.num_speculative_tokens)
         for ec in members:
             if ec.num_speculative_tokens < probe.num_speculative_tokens:
                 out[ec.hash] = Chain(probe.hash, ec.num_speculative_tokens,
-                                     probe.num_speculative_tokens)
+                                     probe.num_speculative_tokens,
+                                     check=len(members) >= 3 and ec is smallest)
     return out
 
 
@@ -141,6 +152,74 @@ def acceptance(windows: Sequence[Measurement]) -> Acceptance | None:
     else:
         rates = tuple(sum(r[i] for r, _ in rows) / len(rows) for i in range(n))
     return Acceptance(rates, tuple(tuple(r[:n]) for r, _ in rows))
+
+
+@dataclass(frozen=True)
+class ChainCheck:
+    """A second N of a series measured beside the prediction its probe makes for it."""
+
+    n: int
+    probe_n: int
+    predicted: float
+    """MAL(n) from the probe's per-position rates (`Acceptance.mal`)."""
+    measured: float
+    """MAL measured at N = n."""
+    allowed: float
+    """The miss a chain may show: z standard errors of the difference (both sides' windows)
+    plus CHAIN_TOLERANCE of the prediction."""
+
+    @property
+    def holds(self) -> bool:
+        return abs(self.measured - self.predicted) <= self.allowed
+
+    def text(self) -> str:
+        word = "holds" if self.holds else "missed"
+        return (f"chain check at N={self.n} {word}: acceptance length {self.measured:.3f} "
+                f"measured, {self.predicted:.3f} +/- {self.allowed:.3f} predicted from "
+                f"N={self.probe_n}")
+
+
+def check_chain(probe: Acceptance, measured: Acceptance, n: int, probe_n: int, z: float = 1.96
+                ) -> ChainCheck | None:
+    """The chain assumption tested where a second N of the series was measured: the probe's
+    first n rates against what N = n accepted (None when either side lacks the positions).
+
+    The chain's acceptance length at n is exact up to sampling (no cost model enters), so a miss
+    beyond sampling error and CHAIN_TOLERANCE means this drafter proposes differently at
+    different N (a multi-layer MTP whose first position is accepted more at N=1 than at N=8):
+    its other N are measured, not predicted."""
+    if len(probe.rates) < n or len(measured.rates) < n:
+        return None
+    predicted, got = probe.mal(n), measured.mal(n)
+    se = math.hypot(probe.mal_se(n), measured.mal_se(n))
+    return ChainCheck(n, probe_n, predicted, got, z * se + CHAIN_TOLERANCE * predicted)
+
+
+def chain_curve(mal: Mapping[int, float], se: Mapping[int, float] | None = None,
+                z: float = 1.96, atol: float = 0.0) -> str:
+    """Why a measured acceptance-length curve (N -> MAL) cannot come from a chain, or "".
+
+    A chain's unconditional rate at position i is the chance that positions 0..i are all
+    accepted, so it cannot grow with i: MAL(N) = 1 + sum of the first N rates is non-decreasing
+    and concave in N. A fall, or a slope that grows, beyond z standard errors (`se` per N, from
+    the windows) and `atol` (the rounding of published figures) breaks the chain: such a series
+    is measured per N, never extrapolated."""
+    ns = sorted(mal)
+    err = se or {}
+
+    def slack(weights: Mapping[int, float]) -> float:  # of a linear combination of MALs
+        return z * math.sqrt(sum((w * err.get(k, 0.0)) ** 2 for k, w in weights.items())) + atol
+
+    for a, b in zip(ns, ns[1:], strict=False):
+        if mal[b] < mal[a] - slack({a: 1, b: 1}):
+            return f"acceptance length falls from {mal[a]:.3f} at N={a} to {mal[b]:.3f} at N={b}"
+    for a, b, c in zip(ns, ns[1:], ns[2:], strict=False):
+        before, after = (mal[b] - mal[a]) / (b - a), (mal[c] - mal[b]) / (c - b)
+        weights = {a: 1 / (b - a), b: 1 / (b - a) + 1 / (c - b), c: 1 / (c - b)}
+        if after > before + slack(weights):
+            return (f"acceptance length grows faster from N={b} to N={c} ({after:+.3f} a "
+                    f"token) than from N={a} to N={b} ({before:+.3f})")
+    return ""
 
 
 def speedup_at(acc: Acceptance, probe_speedup: float, n: int, probe_n: int) -> float:
@@ -223,6 +302,8 @@ class Versus:
     """Measured speedup (the analysis' point estimate)."""
     mal: float | None
     """Measured mean acceptance length (draft-weighted over the point's windows)."""
+    check: ChainCheck | None = None
+    """The chain assumption at this point (`check_chain`)."""
 
     @property
     def speedup_error(self) -> float:
@@ -261,9 +342,47 @@ def versus(speedups: Mapping[str, Mapping[tuple[str, int], tuple[float, float, f
         for (workload, c), measured in sorted(speedups.get(h, {}).items()):
             if (workload, c) in preds:
                 ec = by_hash[h]
+                own = windows.get((h, workload, c), [])
+                probe_acc, acc = acceptance(probe_windows[(workload, c)]), acceptance(own)
+                check = (check_chain(probe_acc, acc, ch.n, ch.probe_n, z)
+                         if probe_acc is not None and acc is not None else None)
                 out.append(Versus(ec.name, by_hash[ch.probe].name, ec.series, ch.n, workload, c,
-                                  preds[(workload, c)], measured[0],
-                                  _mal(windows.get((h, workload, c), []))))
+                                  preds[(workload, c)], measured[0], _mal(own), check))
+    return out
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A series' acceptance length measured at three or more N at one point, and why it cannot
+    come from a chain ("" when it can)."""
+
+    series: str
+    workload: str
+    concurrency: int
+    mal: Mapping[int, float]
+    broken: str
+
+
+def curves(measurements: Sequence[Measurement], configs: Sequence[EngineConfig],
+           z: float = 1.96) -> list[Curve]:
+    """Every chain series measured at three or more N at a point, tested with `chain_curve`
+    (the standard errors from the windows)."""
+    by_hash = {ec.hash: ec for ec in configs}
+    windows: dict[tuple[str, str, int], dict[int, list[Measurement]]] = {}
+    for m in measurements:
+        ec = by_hash.get(m.key.engine_hash)
+        if ec is None or m.stage == "schedule" or ec.method not in CHAIN_METHODS:
+            continue
+        windows.setdefault((ec.series, m.key.workload, m.key.concurrency), {}).setdefault(
+            ec.num_speculative_tokens, []).append(m)
+    out = []
+    for (series, w, c), per_n in sorted(windows.items()):
+        accs = {n: acc for n, ms in per_n.items() if (acc := acceptance(ms)) is not None
+                and len(acc.rates) >= n}
+        if len(accs) >= 3:
+            mal = {n: a.mal(n) for n, a in sorted(accs.items())}
+            se = {n: a.mal_se(n) for n, a in accs.items()}
+            out.append(Curve(series, w, c, mal, chain_curve(mal, se, z)))
     return out
 
 
@@ -291,7 +410,9 @@ def summary(rows: Sequence[Versus]) -> dict[str, float]:
         return {}
     sp = sorted(abs(v.speedup_error) for v in rows if not math.isnan(v.speedup_error))
     mal = sorted(abs(e) for v in rows if (e := v.mal_error) is not None)
-    out = {"predict_points": float(len(rows))}
+    out = {"predict_points": float(len(rows)),
+           "predict_chain_missed": float(sum(1 for v in rows
+                                             if v.check is not None and not v.check.holds))}
     for name, xs in (("speedup", sp), ("mal", mal)):
         if xs:
             out[f"predict_{name}_error_median"] = statistics.median(xs)

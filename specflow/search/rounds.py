@@ -175,11 +175,12 @@ def _open_contenders(states: Mapping[BandKey, BandState]) -> frozenset[str]:
 
 def _held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
     """Candidates an adaptive search does not measure in its first round: those predicted from
-    a probe that the headroom check let start."""
+    a probe that the headroom check let start (a series' chain check is measured beside its
+    probe)."""
     if shape.search != "adaptive" or shape.design != "race":
         return frozenset()
     return frozenset(h for h, ch in shape.chains.items()
-                     if h not in refused and ch.probe not in refused)
+                     if h not in refused and ch.probe not in refused and not ch.check)
 
 
 def _first_round(shape: Shape, alive: Sequence[str], held: frozenset[str] = frozenset()

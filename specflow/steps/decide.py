@@ -116,7 +116,9 @@ def decide(ctx: Context) -> Outcome:
                                 rounds=progress.rounds if progress is not None else (),
                                 schedules=progress.schedules if progress is not None else {},
                                 measurements=ctx.ledger.measurements(), versus=versus,
-                                names={ec.hash: ec.name for ec in ctx.plan.engine_configs})
+                                names={ec.hash: ec.name for ec in ctx.plan.engine_configs},
+                                curves=predict.curves(ctx.ledger.measurements(),
+                                                      ctx.plan.engine_configs))
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     if progress is not None:

@@ -75,14 +75,26 @@ def test_predicted_vs_measured_section_plot_and_metrics(tmp_path: Path) -> None:
         ("eagle3-n2", "eagle3-n3", 1), ("eagle3-n2", "eagle3-n3", 8)]
     # MAL(2) = 1 + 0.8 + 0.6, as measured
     assert rows[0].predicted.mal == pytest.approx(2.4) and rows[0].mal == pytest.approx(2.4)
-    files = write_report(analysis, tmp_path / "report", versus=rows)
+    # a chain: N=2 accepts what N=3's first two positions do
+    assert all(v.check is not None and v.check.holds for v in rows)
+    # a third N whose first position accepts more than N=3's: its curve cannot be a chain
+    e3n1 = engine("eagle3-n1", "eagle3", 1)
+    ms1, _ = sweep([Cand(e3n1, {1: 1.5, 8: 0.95}, ppa=(0.99,))], levels=(1, 8), repeats=3,
+                   closing=0, cv=0.02, rng=rng)
+    curves = predict.curves([*ms, *(m for m in ms1 if m.key.engine_hash == e3n1.hash)],
+                            [BASELINE, e3n1, e3n2, e3n3])
+    assert [(c.concurrency, c.broken[:35]) for c in curves] == [
+        (1, "acceptance length grows faster from"), (8, "acceptance length grows faster from")]
+    files = write_report(analysis, tmp_path / "report", versus=rows, curves=curves)
     plot = tmp_path / "report" / "predicted_vs_measured.png"
     assert plot in files.plots and plot.read_bytes()[:8] == PNG
     text = files.report.read_text()
     assert "## Predicted vs measured" in text and "at 2 points" in text
-    assert "| eagle3-n2 | eagle3-n3 | gsm8k | 1 |" in text
+    assert "| eagle3-n2 | eagle3-n3 | gsm8k | 1 |" in text and "| holds (+/- 0.048) |" in text
+    assert "Series measured at three or more N: 0 of 2 curves can come from a chain." in text
+    assert "- eagle3 gsm8k c=1: not a chain (acceptance length grows faster" in text
     metrics = predict.summary(rows)
-    assert metrics["predict_points"] == 2
+    assert metrics["predict_points"] == 2 and metrics["predict_chain_missed"] == 0
     assert metrics["predict_mal_error_worst"] == pytest.approx(0.0)
     assert metrics["predict_speedup_error_worst"] == max(abs(v.speedup_error) for v in rows)
     # nothing chained: no section, no plot

@@ -15,6 +15,7 @@ import pytest
 from specflow.config.compose import load_plan
 from specflow.decision.choose import analyze
 from specflow.records.measurement import Measurement, WindowKey
+from specflow.results.console import round_lines
 from specflow.results.report import rounds_table
 from specflow.search import predict, rounds
 from specflow.search.advance import _predicted
@@ -344,3 +345,130 @@ def _probe_verdict(shape: Shape, promote_spec: PromoteSpec, ms: list[Measurement
                               family="none", stage="explore", partial=True)
     return next(v for r in result.classes for d in r.decisions for v in d.candidates
                 if v.engine_hash == "ng3")
+
+
+# ------------------------------------------------------------- the predictor's self-check
+
+LLAMA_EAGLE3 = (0.7296, 0.5208, 0.3545)
+"""vLLM CI, spec-decode acceptance (MT-Bench, N=3, temperature 0): Llama-3.1-8B with its EAGLE-3
+head, per-position rates; acceptance length 2.60."""
+QWEN3_EAGLE3 = (0.6541, 0.3993, 0.2020)
+"""The same CI job: Qwen3-8B with EAGLE-3; acceptance length 2.26."""
+MTP_PR48892_N8 = (0.762, 0.616, 0.513, 0.424, 0.364, 0.309, 0.272, 0.237)
+"""vLLM PR 48892 (a multi-layer MTP, GSM8K, temperature 0): rates at N=8 (acceptance length
+4.50); its first position is accepted 0.834 at N=1 (`MTP_PR48892_N1`)."""
+MTP_PR48892_N1 = 0.834
+DSV4_MTP_AL = {1: 1.79, 2: 2.27, 3: 2.49, 4: 2.54, 5: 2.55, 6: 2.55, 7: 2.54, 8: 2.58}
+"""InferenceX golden acceptance length of DeepSeek-V4-Pro with its MTP layer at N = 1..8."""
+DSV4_DSPARK_AL = {6: 3.77, 7: 3.73, 8: 3.47}
+"""InferenceX golden acceptance length of DeepSeek-V4-Pro with DSpark at N = 6..8."""
+
+
+def _acc(rates: tuple[float, ...]) -> predict.Acceptance:
+    acc = predict.acceptance([_window("x", rates)])
+    assert acc is not None
+    return acc
+
+
+def test_the_chain_check_holds_on_chains_and_misses_a_multi_layer_mtp() -> None:
+    for rates, al in ((LLAMA_EAGLE3, 2.60), (QWEN3_EAGLE3, 2.26)):
+        probe = _acc(rates)
+        assert probe.mal(3) == pytest.approx(al, abs=0.01)
+        # an engine at N=1 of a chain proposes the first token of N=3's proposal
+        check = predict.check_chain(probe, _acc(rates[:1]), 1, 3)
+        assert check is not None and check.holds and check.measured == check.predicted
+        # within the tolerance, not beyond it
+        near = predict.check_chain(probe, _acc((rates[0] * 1.01,)), 1, 3)
+        far = predict.check_chain(probe, _acc((rates[0] * 1.1,)), 1, 3)
+        assert near is not None and near.holds and far is not None and not far.holds
+    probe = _acc(MTP_PR48892_N8)
+    assert probe.mal(8) == pytest.approx(4.50, abs=0.01)
+    check = predict.check_chain(probe, _acc((MTP_PR48892_N1,)), 1, 8)
+    assert check is not None and not check.holds
+    assert check.predicted == pytest.approx(1.762) and check.measured == pytest.approx(1.834)
+    assert check.text().startswith("chain check at N=1 missed: acceptance length 1.834 "
+                                   "measured, 1.762 +/- 0.035 predicted from N=8")
+    # the other window's spread widens what a chain may miss by
+    noisy = predict.acceptance([_window("x", (0.80,)), _window("x", (0.87,), repeat=1)])
+    assert noisy is not None
+    wide = predict.check_chain(probe, noisy, 1, 8)
+    assert wide is not None and wide.allowed > check.allowed and wide.holds
+
+
+def test_a_curve_that_falls_or_bends_up_is_not_a_chain() -> None:
+    # published to two decimals: each figure +/- 0.005
+    assert "grows faster from N=7 to N=8" in predict.chain_curve(DSV4_MTP_AL, atol=0.01)
+    assert predict.chain_curve(DSV4_DSPARK_AL, atol=0.01).startswith(
+        "acceptance length falls from 3.770 at N=6 to 3.730 at N=7")
+    # a chain's own curve (the prefix sums of its rates) passes, flat tail included
+    for rates in (LLAMA_EAGLE3, QWEN3_EAGLE3, MTP_PR48892_N8, (0.9, 0.2, 0.0, 0.0)):
+        acc = _acc(rates)
+        assert predict.chain_curve({n: acc.mal(n) for n in range(1, len(rates) + 1)}) == ""
+    # a fall within the windows' standard errors is noise, not a break
+    assert predict.chain_curve({1: 1.8, 2: 1.78}, {1: 0.02, 2: 0.02}) == ""
+    assert predict.chain_curve({1: 1.8, 2: 1.78}) != ""
+
+
+def _series_shape() -> Shape:
+    """One n-gram series at N = 1..4: N=4 the probe, N=1 its chain check, N=2 and 3 predicted."""
+    chains = {"ng1": predict.Chain("ng4", 1, 4, check=True), "ng2": predict.Chain("ng4", 2, 4),
+              "ng3": predict.Chain("ng4", 3, 4)}
+    return Shape(design="race", baseline="base", candidates=("ng1", "ng2", "ng3", "ng4"),
+                 workloads={"chat": "chat"}, concurrency=(1,), repeats=3, closing_repeats=1,
+                 search="adaptive", chains=chains)
+
+
+def _race_series(promote_spec: PromoteSpec, first: float
+                 ) -> tuple[list[list[str]], rounds.SearchState, list[Measurement]]:
+    """The series raced with the probe at PR 48892's rates and N=1's first position accepted
+    `first`; the probe pays for its drafts (0.7x), so a chain predicts N=2 and 3 below 1."""
+    started: list[list[str]] = []
+    ms: list[Measurement] = []
+    gains = {"ng4": 0.7, "ng1": 0.95, "ng2": 0.85, "ng3": 0.78}
+    for _ in range(12):
+        progress = rounds.replay(_series_shape(), promote_spec, ms)
+        if progress.current is None:
+            break
+        started.append([s.engine_hash for s in progress.current.starts])
+        for m in _measure(progress.current, gains, MTP_PR48892_N8[:4]):
+            if m.key.engine_hash == "ng1":
+                m = dataclasses.replace(m, per_position_acceptance=(first,))
+            ms.append(m)
+    return started, progress, ms
+
+
+def test_the_probe_round_checks_the_chain_and_measures_a_series_that_misses(
+        promote_spec: PromoteSpec) -> None:
+    # a chain: N=1 accepts what N=4's first position does; N=2 and 3 are predicted, not started
+    started, progress, _ = _race_series(promote_spec, MTP_PR48892_N8[0])
+    assert started[0] == ["base", "ng1", "ng4", "base"]
+    assert not {"ng2", "ng3"} & {h for r in started for h in r}
+    (state,) = progress.states.values()
+    ((probe, note),) = state.notes
+    assert probe == "ng4" and note.startswith("chain check at N=1 holds: acceptance length 1.762")
+    assert note.endswith("its other N are predicted from the probe")
+    # a multi-layer MTP's N=1 accepts more than the chain allows: N=2 and 3 are measured
+    started, progress, ms = _race_series(promote_spec, MTP_PR48892_N1)
+    assert started[0] == ["base", "ng1", "ng4", "base"]
+    assert {"ng2", "ng3"} <= set(started[1]), started
+    (state,) = progress.states.values()
+    ((probe, note),) = state.notes
+    assert note.startswith("chain check at N=1 missed: acceptance length 1.834 measured, 1.762")
+    assert note.endswith("not a chain: its other N are measured, not predicted")
+    assert not any(why.startswith("round 0: ruled out: predicted") for _, why in state.dropped)
+    table = "\n".join(rounds_table(progress.rounds, {"ng4": "ngram-n4"}))
+    assert "chat c1: ngram-n4's series: chain check at N=1 missed" in table
+    # and the console's line after the probe round
+    after_probes = rounds.replay(_series_shape(), promote_spec, [m for m in ms if m.round == 0])
+    lines = round_lines(after_probes, {"ng4": "ngram-n4"})
+    assert "    ngram-n4's series: chain check at N=1 missed: acceptance length 1.834" in "\n".join(
+        lines), lines
+
+
+def test_a_series_of_three_or_more_is_checked_at_its_smallest_n() -> None:
+    _, plan = load_plan(["experiment=cpu_tiny", "drafter=[none,ngram,draft_model]",
+                         "sweep.num_speculative_tokens.ngram=1..4",
+                         "sweep.num_speculative_tokens.draft_model=[2,4]"])
+    checks = {by_name_of(plan, h): c.check for h, c in predict.chains(plan.engine_configs).items()}
+    assert checks == {"ngram-n1": True, "ngram-n2": False, "ngram-n3": False,
+                      "draft_model-n2": False}
