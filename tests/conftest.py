@@ -47,14 +47,17 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.pop("SPECFLOW_CONF", None)
     # `make test` runs the suite on pytest-xdist workers, one per core, so two engines may
-    # run at once: each decodes its tiny model on one OpenMP thread (two threads each on two
-    # cores would spin at each other's barriers), and under vLLM's `mp` executor each worker's
-    # engines bind it to a core of their own (`auto` binds every engine to the same core).
+    # run at once: each decodes its tiny model on one OpenMP thread bound to its worker's core.
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     cpus = sorted(os.sched_getaffinity(0))
     if worker.startswith("gw") and len(cpus) > 1:
+        cpu = cpus[int(worker[2:]) % len(cpus)]
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[int(worker[2:]) % len(cpus)]))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpu))
+        # Each worker and every process it starts (engines, API servers, load generators, main
+        # jobs) run on a core of their own, as each engine has its own GPU on a GPU node: a
+        # window measures its engine, not the other worker's engine start beside it.
+        os.sched_setaffinity(0, {cpu})
     yield
     shutil.rmtree(rpc, ignore_errors=True)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from specflow.champions import promote
 from specflow.config.compose import load_plan
 from specflow.results.ledger import Ledger
 from tests.pipelines import live
@@ -88,7 +89,8 @@ def _client(tmp: Path, uri: str | None = None):  # noqa: ANN202
 def _all_runs(tmp: Path, uri: str | None = None) -> list:
     """Every run of the sweep's experiment (the sqlite store in `tmp`, or the server at `uri`)."""
     client = _client(tmp, uri)
-    (exp,) = [e for e in client.search_experiments() if e.name == "specflow/tiny/cpu"]
+    (exp,) = [e for e in client.search_experiments()  # specflow/<target>/<hardware>
+              if e.name in ("specflow/tiny/cpu", "specflow/tiny_mimo_mtp2/cpu")]
     return client.search_runs([exp.experiment_id], max_results=1000)
 
 
@@ -421,45 +423,65 @@ def test_killed_flow_and_mlflow_server_resume_missing_points_and_sync(
             e.measurement.output_throughput
 
 
+DEMO = [  # the CPU demo's code class (conf/experiment/cpu_demo.yaml) with half its prompts, and
+    # longer answers: a wider gain (~2.5x) that stays clear of the margin on a loaded machine
+    "experiment=cpu_demo", "workload=[code_completion]", "workload.code_completion.num_prompts=16",
+    "workload.code_completion.max_tokens=256",
+]
+
+
 @pytest.mark.engine
-def test_a_racing_sweep_runs_in_rounds_and_leaves_its_trail(tmp_path: Path, models: Path,
-                                                            prefect_api: str) -> None:
-    """The racing design on the real engine: round 0 brackets the candidate with baseline starts,
-    every window records its place in the run order, the rounds are replayed from the ledger
-    alone, and the trail is in the console, the report and the MLflow parent run."""
-    args = _args(tmp_path, models, "sweep.design=race", "drafter=[none,ngram]",
-                 "+sweep.num_speculative_tokens.ngram=[2]", "sweep.budget.max_rounds=1",
-                 "sweep.budget.confirm_starts=2", "sweep.budget.max_confirm_starts=2",
-                 "sweep.budget.confirm_looks=1", "sweep.budget.max_repeats=2")
+def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path, models: Path,
+                                                                 prefect_api: str) -> None:
+    """The CPU demo's code class, raced on the real engine: n-gram lookup truly wins on the
+    agreeing target's long, self-repeating answers and the random draft model truly loses. The
+    band concludes (n-gram promoted with its lower bound above the margin, the loser ruled out),
+    and the rounds leave their trail: the run order, the console, the report and the MLflow
+    parent run. (The demo's second class, concluded off on the starts the confirmation pays for:
+    tests/search/test_racing.py, on simulated windows.)"""
+    args = [*DEMO, f"paths.models={models}", f"tracking.workdir={tmp_path / 'work'}",
+            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            f"promote.output_dir={tmp_path / 'promoted'}"]
     proc = _run(tmp_path, args, api=prefect_api)
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    code = promote.champion(tmp_path / "promoted", "code")
+    assert code is not None and code.outcome == "speculate", proc.stderr[-2000:]
+    assert code.engine.name == "ngram-n8"
+    (band,) = code.bands
+    assert band.outcome == "speculate" and band.speedup.lo > 1.05
+    rows = {r["engine"]: r for r in code.evidence.decision_table}
+    assert rows["draft_model_random-n2"]["verdict"] == "ruled out"
+    assert rows["draft_model_random-n2"]["hi"] < 1.0  # a true loss, not only no gain
+    assert "unresolved" not in proc.stderr.split("decision per traffic class")[-1]
+    # the trail
     ledger = _ledger(tmp_path)
     ms = [e.measurement for e in ledger.entries()]
     starts = {(m.key.engine_hash, m.key.start): m.seq for m in ms}
-    assert len(starts) == len(ledger.engine_starts()) >= 3
+    assert len(starts) == len(ledger.engine_starts()) >= 4
     assert sorted(starts.values()) == list(range(len(starts)))  # one run order, no gaps
     first = sorted((m for m in ms if m.round == 0), key=lambda m: m.seq)
-    assert [m.method for m in first][::2] == ["none", "ngram", "none"]  # base, cand, base
+    assert [m.engine for m in first][::2] == ["baseline", "ngram-n8", "draft_model_random-n2",
+                                              "baseline"]  # base, candidates, base
     assert all(m.engine_s > 0 for m in ms)
     confirm = [m for m in ms if m.stage == "confirm"]
-    if confirm:  # a selected winner: 2 fresh starts with fresh baseline starts around them
-        assert {m.round for m in confirm} == {1}
-        assert len({(m.key.engine_hash, m.key.start) for m in confirm}) == 5
-    assert "round 0 (explore) done: 3 engine starts" in proc.stderr
+    # the winner's 2 fresh starts with fresh baseline starts around them
+    assert {m.round for m in confirm} == {1}
+    assert len({(m.key.engine_hash, m.key.start) for m in confirm}) == 5
+    assert "round 0 (explore) done: 4 engine starts" in proc.stderr
     # no terminal: one plain line per engine start and per window, with done/left and an ETA
     assert "engine start #0 (round 0, explore): baseline; first window done" in proc.stderr
     r0 = sum(1 for m in ms if m.round == 0)
-    assert f"[1/{r0}] baseline chat c1 r0: ok, " in proc.stderr
+    assert f"[1/{r0}] baseline code_completion c4 r0: ok, " in proc.stderr
     assert "left, ETA " in proc.stderr
     assert f"[{r0}/{r0}] " in proc.stderr
     report = next((tmp_path / "work" / "sweeps").iterdir()) / "report" / "report.md"
     text = report.read_text()
-    assert "## Rounds" in text and "| 0 | explore | 3 |" in text
+    assert "## Rounds" in text and "| 0 | explore | 4 |" in text
     parent, children = _runs(tmp_path)
     assert len(children) == len(ms)
-    assert parent.data.tags["specflow.round.0"].startswith("explore: chat c1 ")
+    assert parent.data.tags["specflow.round.0"].startswith("explore: ")
     history = _client(tmp_path).get_metric_history(parent.info.run_id, "race.engine_starts")
-    assert [int(m.value) for m in sorted(history, key=lambda m: m.step)][0] == 3
+    assert [int(m.value) for m in sorted(history, key=lambda m: m.step)][0] == 4
     # the sweep is over: running it again measures nothing and decides the same
     again = _run(tmp_path, args, api=prefect_api)
     assert again.returncode == proc.returncode
