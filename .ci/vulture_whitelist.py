@@ -64,3 +64,6 @@ _.wrong_count
 # RequestStats fields kept with each request for people and later analyses (the ledger record,
 # measurement.json): the first token's latency.
 _.ttft_s
+# AcceptanceProfile fields that only its JSON file carries (specflow/spec/profile.py).
+drafter_model
+by_prompt_length

@@ -46,6 +46,9 @@ commands:
                  noise (A, B: sweep ids, sweep directories, MLflow parent run ids or
                  champion:CLASS[@VERSION]); exit 0: nothing regressed, 3: a regression,
                  4: nothing comparable (docs/comparing.md)
+  profile        profile SWEEP [CLASS [DRAFTER]] [--out DIR] [--json]: each drafter's measured
+                 acceptance per traffic class (per-position rates, acceptance length per N,
+                 chain or not); a drafter's acceptance_profile=FILE emulates it on a GPU
 
 overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
 key=value (sweep.repeats=5), +key=value to add, ~key to delete.
@@ -81,15 +84,22 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
                 raise SpecError([Problem(a, "needs a value", None, "a file to write")])
             flags["markdown"] = a.split("=", 1)[1] if "=" in a else args[i + 1]
             i += 0 if "=" in a else 1
+        elif a == "--out" or a.startswith("--out="):
+            if "=" not in a and i + 1 >= len(args):
+                raise SpecError([Problem(a, "needs a value", None, "a directory to write to")])
+            flags["out"] = a.split("=", 1)[1] if "=" in a else args[i + 1]
+            i += 0 if "=" in a else 1
         elif a in ("-m", "--multirun"):
             flags["multirun"] = True
         elif a.startswith("-") and not a.startswith(("~",)):
             raise SpecError([Problem("argv", "unknown option", a, one_of(
-                ["--cfg", "--no-vllm-check", "--json", "--markdown", "--multirun", "--help"]))])
+                ["--cfg", "--no-vllm-check", "--json", "--markdown", "--out", "--multirun",
+                 "--help"]))])
         elif "=" not in a and not a.startswith(("~", "+")) and not overrides and not named:
             command, named = a, True  # the first word, options aside
         elif "=" not in a and not a.startswith(("~", "+")) and command in ("restore",
-                                                                             "compare"):
+                                                                             "compare",
+                                                                             "profile"):
             flags.setdefault("args", [])
             flags["args"].append(a)
         else:
@@ -328,6 +338,51 @@ def cmd_compare(overrides: list[str], flags: Flags) -> int:
     return comparing.exit_code(cmp)
 
 
+def cmd_profile(overrides: list[str], flags: Flags) -> int:
+    """A sweep's acceptance profiles (specflow.spec.profile), built from its windows: a table,
+    `--json` the profiles, `--out DIR` one file each."""
+    from pathlib import Path
+
+    from specflow.config.compose import load
+    from specflow.results import comparing
+    from specflow.search import profiles
+    from specflow.spec.profile import dumps
+
+    args = list(flags.get("args") or [])
+    if not 1 <= len(args) <= 3:
+        raise SpecError([Problem("profile", "needs one sweep (and optionally a traffic class "
+                                 "and a drafter)", args, "profile SWEEP [CLASS [DRAFTER]] "
+                                 "[--out DIR] [--json] [overrides]")])
+    spec = load(overrides).spec
+    side = comparing.resolve(args[0], "profile SWEEP", workdir=spec.tracking.workdir,
+                             tracking_uri=spec.tracking.uri, output_dir=spec.promote.output_dir)
+    found = [p for p in profiles.build(side.measurements, side.pins, sweep_id=side.sweep_id,
+                                       confidence=spec.promote.confidence)
+             if args[1:2] in ([], [p.traffic_class]) and args[2:3] in ([], [p.drafter])]
+    if not found:
+        raise SpecError([Problem("profile", "no drafter of this sweep measured per-position "
+                                 "acceptance" + (" there" if args[1:] else ""), args,
+                                 "a sweep with a speculative engine's windows (and a traffic "
+                                 "class and drafter it measured)")])
+    if flags.get("json"):
+        sys.stdout.write(json.dumps([p.model_dump(mode="json") for p in found], indent=2) + "\n")
+    for p in found:
+        if flags.get("out"):
+            path = Path(flags["out"]) / profiles.file_name(p)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(dumps(p), encoding="utf-8")
+        if not flags.get("json"):
+            top = next(c for c in p.curve if c.n == p.n_max).measured
+            al = f"{top.value:.2f} [{top.lo:.2f}, {top.hi:.2f}]" if top else "-"
+            sys.stdout.write(
+                f"{p.traffic_class} {p.drafter} (t={p.temperature:g}): N={p.n_max} acceptance "
+                f"length {al}, rates {', '.join(f'{r.value:.3f}' for r in p.rates)}; "
+                f"{p.model}{': ' + p.why if p.why else ''}; {p.windows} windows"
+                + (f" -> {Path(flags['out']) / profiles.file_name(p)}" if flags.get("out")
+                   else "") + "\n")
+    return 0
+
+
 def cmd_build_models(overrides: list[str], flags: Flags) -> int:
     from pathlib import Path
 
@@ -419,6 +474,7 @@ COMMANDS: dict[str, Callable[[list[str], Flags], int]] = {
     "build-models": cmd_build_models,
     "restore": cmd_restore,
     "compare": cmd_compare,
+    "profile": cmd_profile,
     "vllm-check": cmd_vllm_check,
 }
 

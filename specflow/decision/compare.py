@@ -65,6 +65,7 @@ class SweepSide:
     repeats: int | None = None
     """`sweep.repeats`: in a grid sweep (no run order recorded) a baseline window with a
     higher repeat index is the closing baseline, an engine start of its own."""
+    sweep_id: str = ""
 
 
 @dataclass(frozen=True)

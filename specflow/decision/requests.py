@@ -94,8 +94,8 @@ def _interval(boot: np.ndarray, value: float, confidence: float) -> Estimate:
     return Estimate(value, float(lo), float(hi), confidence)
 
 
-def _ratio(num: np.ndarray, den: np.ndarray, rng: np.random.Generator, confidence: float
-           ) -> Estimate | None:
+def ratio_interval(num: np.ndarray, den: np.ndarray, rng: np.random.Generator,
+                   confidence: float) -> Estimate | None:
     """sum(num) / sum(den) with a CI resampling the (num, den) pairs."""
     if len(num) < 2 or den.sum() <= 0:
         return None
@@ -151,12 +151,12 @@ def analyze_level(traffic_class: str, concurrency: int, ms: Sequence[Measurement
         for b in bks:
             mine = [r for k, rs in by_key.items() if label[k] == b.label for r in rs]
             spec = [r for r in mine if r.spec_steps]
-            acc = _ratio(np.array([r.accepted or 0 for r in spec], dtype=float),
-                         np.array([r.spec_steps or 0 for r in spec], dtype=float),
-                         rng, confidence)
+            acc = ratio_interval(np.array([r.accepted or 0 for r in spec], dtype=float),
+                                 np.array([r.spec_steps or 0 for r in spec], dtype=float),
+                                 rng, confidence)
             paired = [v for k, v in pairs[engine].items() if label[k] == b.label]
-            speed = _ratio(np.array([p[0] for p in paired]), np.array([p[1] for p in paired]),
-                           rng, confidence)
+            speed = ratio_interval(np.array([p[0] for p in paired]),
+                                   np.array([p[1] for p in paired]), rng, confidence)
             length = (replace(acc, value=1 + acc.value, lo=1 + acc.lo, hi=1 + acc.hi)
                       if acc else None)  # 1 + accepted / steps
             rows.append(EngineBucket(engine, b.label, len(mine), length, speed))
@@ -189,7 +189,7 @@ def _keyed_gain(pairs: dict[str, dict[Key, tuple[float, float]]], label: dict[Ke
         return single, None
     one = np.array([pairs[single][k][1] for k in keys])
     keyed = np.array([pairs[best.get(label[k], single)][k][1] for k in keys])
-    ratio = _ratio(one, keyed, rng, confidence)
+    ratio = ratio_interval(one, keyed, rng, confidence)
     return single, replace(ratio, value=ratio.value - 1, lo=ratio.lo - 1,
                            hi=ratio.hi - 1) if ratio else None
 

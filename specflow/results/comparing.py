@@ -36,7 +36,7 @@ CHAMPION_PREFIX = "champion:"
 def _from_ledger(label: str, ledger: Ledger) -> SweepSide:
     info = ledger.info()
     return SweepSide(label, tuple(ledger.measurements()), info.pins if info else {},
-                     info.measured if info else {}, info.repeats if info else None)
+                     info.measured if info else {}, info.repeats if info else None, ledger.sid)
 
 
 def _sweeps(workdir: Path) -> list[str]:
@@ -98,7 +98,7 @@ def _from_mlflow(ref: str, tracking_uri: str, workdir: Path) -> SweepSide | None
             ms.append(MEASUREMENT.validate_json(Path(path).read_bytes()))
     repeats = run.data.params.get("repeats")
     return SweepSide(f"run {ref} (sweep {sid}, from MLflow)", tuple(ms), pins, {},
-                     int(repeats) if repeats and repeats.isdigit() else None)
+                     int(repeats) if repeats and repeats.isdigit() else None, sid)
 
 
 def resolve(ref: str, what: str, *, workdir: str | Path, tracking_uri: str,

@@ -216,10 +216,15 @@ class Tracker:
         if metrics:
             self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0)
                                                    for k, v in metrics.items()])
+        self.log_files(run_id, files, artifact_path)
+        self.client.set_terminated(run_id, status=status)
+
+    def log_files(self, run_id: str, files: Iterable[Path], artifact_path: str | None = None
+                  ) -> None:
+        """Files as artifacts of a run (under `artifact_path`), those that exist."""
         for f in files:
             if Path(f).is_file():
                 self.client.log_artifact(run_id, str(f), artifact_path)
-        self.client.set_terminated(run_id, status=status)
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         """Tags on a run, in one batch (values cut to MLflow's 5,000 characters)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
 from specflow.spec.methods import METHODS, MethodInfo
+from specflow.spec.profile import SYNTHETIC_RATES, apply_profile, check_synthetic
 from specflow.spec.schema import Checkpoint, DrafterSpec, Spec, TargetSpec
 
 NGRAM_DEFAULT_LOOKUP = 5
@@ -308,53 +309,6 @@ def _check_adaptive(spec: Spec, name: str, d: DrafterSpec) -> list[Problem]:
                            "V1 runner would measure fixed N twice)", d.adaptive_verification,
                            "[false] on hardware=cpu; sweep it on a GPU", source=src))
     return out
-
-
-SYNTHETIC_RATES = "synthetic_acceptance_rates"
-SYNTHETIC_LENGTH = "synthetic_acceptance_length"
-
-
-def _check_synthetic(spec: Spec, name: str, d: DrafterSpec, ns: Sequence[int]) -> list[Problem]:
-    """vLLM's synthetic rejection sampling (accept at chosen rates with the real compute cost):
-    GPU engines only; per-position rates cover the largest N and each engine gets its first N,
-    so one emulated drafter is swept across N."""
-    extra = d.extra_speculative_config
-    at, src = _where(name)
-    key = f"{at}.extra_speculative_config"
-    given = [k for k in (SYNTHETIC_RATES, SYNTHETIC_LENGTH) if k in extra]
-    if extra.get("rejection_sample_method") != "synthetic":
-        return [Problem(f"{key}.{k}", "only read by vLLM with rejection_sample_method: synthetic",
-                        extra[k], "rejection_sample_method: synthetic beside it, or no "
-                        f"{k}", source=src) for k in given]
-    out = []
-    if spec.hardware.vendor == "cpu":
-        out.append(Problem(f"{key}.rejection_sample_method", "the CPU engine has no synthetic "
-                           "acceptance (vLLM 0.32 fails at start: 'Synthetic acceptance not "
-                           "supported with CPU sampling')", "synthetic",
-                           "standard on hardware=cpu; emulate acceptance on a GPU", source=src))
-    if len(given) != 1:
-        return [*out, Problem(key, f"synthetic rejection sampling needs exactly one of "
-                              f"{SYNTHETIC_RATES}, {SYNTHETIC_LENGTH}", Raw(", ".join(given) or
-                                                                         "neither"),
-                              f"one of {SYNTHETIC_RATES} (per position) or {SYNTHETIC_LENGTH}",
-                              source=src)]
-    value, top = extra[given[0]], max(ns, default=0)
-    if given[0] == SYNTHETIC_LENGTH:
-        low = min(ns, default=0) + 1
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value <= low
-        return out if ok else [*out, Problem(f"{key}.{SYNTHETIC_LENGTH}", "vLLM needs a mean "
-                                             "acceptance length within [1, N+1] of every N "
-                                             "swept", value, f"a number in [1, {low}]",
-                                             source=src)]
-    ok = (isinstance(value, list) and len(value) >= top
-          and all(isinstance(r, int | float) and not isinstance(r, bool) and 0 <= r <= 1
-                  for r in value)
-          and all(a >= b for a, b in zip(value, value[1:], strict=False)))
-    return out if ok else [*out, Problem(f"{key}.{SYNTHETIC_RATES}", "per-position unconditional "
-                                         "acceptance rates for every position up to the largest "
-                                         "N swept (each engine gets its first N)", value,
-                                         f"a non-increasing list of at least {top} numbers in "
-                                         "[0, 1]", source=src)]
 
 
 def _check_drafter(spec: Spec, name: str, d: DrafterSpec, catalog: Catalog) -> list[Problem]:
@@ -776,12 +730,14 @@ def compile_plan(spec: Spec, catalog: Catalog = Catalog()) -> SweepPlan:
                 *host_problems]
     warnings = [*_target_warnings(spec.target), *host_warnings]
     configs: list[EngineConfig] = []
-    for name, d in _drafters(spec).items():
+    for name, given in _drafters(spec).items():
+        d, from_profile = apply_profile(name, given)
+        problems += from_profile
         ns = _lengths(spec, name, d)
         found = _check_drafter(spec, name, d, catalog)
         n_problems, n_warnings = _check_n(spec, name, d, ns)
         if METHODS[d.method].vllm_method is not None:
-            n_problems += _check_synthetic(spec, name, d, ns.values)
+            n_problems += check_synthetic(spec, name, d, ns.values)
         problems += [*found, *n_problems]
         warnings += n_warnings
         if found or n_problems:

@@ -289,6 +289,10 @@ class DrafterSpec(_Model):
     confidence) as a sweep axis, like N: `[false]` fixed N only, `[false, true]` both
     (engines `<drafter>-n<N>` and `<drafter>-n<N>-adaptive`), `[true]` adaptive only; true
     needs a method the installed vLLM verifies adaptively, on a GPU."""
+    acceptance_profile: str | None = None
+    """An acceptance profile file (`python -m specflow profile`): the engine accepts drafts at
+    its measured per-position rates through vLLM's synthetic sampler, at this drafter's real
+    cost (GPU engines only)."""
     extra_speculative_config: dict[str, str | int | float | bool | list[float]] = Field(
         default_factory=dict)
     """Further --speculative-config keys, passed as they are (checked by the installed vLLM);

@@ -15,9 +15,10 @@ from specflow.decision.model import Analysis, AnalysisError
 from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
 from specflow.results import console, report
-from specflow.search import predict, rounds
+from specflow.search import predict, profiles, rounds
 from specflow.search.plan import BandKey, final_rules, spent_by, split_baseline
 from specflow.search.schedules import measured_schedules
+from specflow.spec import profile
 from specflow.steps import measure
 from specflow.steps.context import Context, experiment_name
 from specflow.steps.measure import measurements, missing
@@ -134,9 +135,11 @@ def decide(ctx: Context) -> Outcome:
         on_promoted=lambda p: _register(ctx, p))
     reval = revalidate(ctx, promotable, champions, promotions, engines, found)
     table = [row for r in result.classes for row in decision_rows(r)]
+    acceptance = write_profiles(ctx)
     if ctx.tracker is not None and ctx.parent_run_id is not None:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:
+            ctx.tracker.log_files(ctx.parent_run_id, acceptance, "profiles")
             ctx.tracker.log_summary(ctx.parent_run_id, {
                 "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
                 **band_metrics(table), **predict.summary(versus), **_compare_metrics(reval)},
@@ -155,6 +158,21 @@ def decide(ctx: Context) -> Outcome:
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
     return Outcome(True, problems, files.report, list(files.plots), promotions, table, reval)
+
+
+def write_profiles(ctx: Context) -> list[Path]:
+    """The sweep's acceptance profiles, one file each under report/profiles/ (`python -m
+    specflow profile` exports them; an MLflow artifact of the parent run)."""
+    found = profiles.build(
+        ctx.ledger.measurements(), ctx.pins, sweep_id=ctx.sid,
+        temperatures={n: w.temperature for n, w in ctx.spec.workload.items()},
+        confidence=ctx.spec.promote.confidence)
+    out = []
+    for p in found:
+        path = ctx.workdir / "report" / "profiles" / profiles.file_name(p)
+        atomic_write(path, profile.dumps(p))
+        out.append(path)
+    return out
 
 
 def _compare_metrics(r: Revalidation) -> dict[str, float]:

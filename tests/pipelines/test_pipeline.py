@@ -160,7 +160,16 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path, prefect_ap
     assert note.startswith("**Decision per traffic class and concurrency band: sweep ")
     assert "| chat | c1 | " in note and "- chat: " in note
     parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"config.yaml", "plan.json", "pins.json", "report"} <= parent_files
+    assert {"config.yaml", "plan.json", "pins.json", "report", "profiles"} <= parent_files
+    # the copy drafter's acceptance profile of class chat: every draft accepted
+    (prof,) = client.list_artifacts(parent.info.run_id, "profiles")
+    assert prof.path == "profiles/chat--draft_model--t0.json"
+    from specflow.spec.profile import read
+
+    acc = read(client.download_artifacts(parent.info.run_id, prof.path, str(tmp_path)))
+    assert (acc.n_max, [r.value for r in acc.rates], acc.model) == (2, [1.0, 1.0], "chain")
+    assert acc.curve[1].measured is not None and acc.curve[1].measured.value == 3.0
+    assert acc.drafter_model is not None and acc.drafter_model.endswith("draft_copy@unpinned")
     # what the band deploys, charted per band across re-validations in the MLflow UI
     assert {"band.chat.c1.speedup", "band.chat.c1.speedup_lo", "band.chat.c1.N",
             "band.chat.c1.outcome"} <= set(parent.data.metrics)
