@@ -59,14 +59,22 @@ class Scenario:
     base_tput: float = 100.0
     level_gains: Mapping[tuple[str, int], float] = field(default_factory=dict)
     """True speedup per (engine hash, concurrency), over `gains`."""
+    point_gains: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
+    """True speedup per (engine hash, workload, concurrency), over `level_gains`."""
+    rates: Mapping[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)
+    """True per-position acceptance per (engine hash, workload): its windows report them (with
+    `rate_sd` relative noise per window) and `num_drafts`."""
+    rate_sd: float = 0.01
 
-    def gain(self, engine_hash: str, concurrency: int) -> float:
+    def gain(self, engine_hash: str, concurrency: int, workload: str = "") -> float:
+        if (engine_hash, workload, concurrency) in self.point_gains:
+            return self.point_gains[(engine_hash, workload, concurrency)]
         return self.level_gains.get((engine_hash, concurrency),
                                     self.gains.get(engine_hash, 1.0))
 
 
 def window(scn: Scenario, start: EngineStart, key_index: int, value: float, duration_s: float,
-           engine_s: float) -> Measurement:
+           engine_s: float, rates: tuple[float, ...] = ()) -> Measurement:
     """One simulated window: identical outputs everywhere (the quality gate passes)."""
     e = scn.engines.get(start.engine_hash) or Engine(start.engine_hash, "schedule",
                                                       "ngram", 0)
@@ -76,7 +84,8 @@ def window(scn: Scenario, start: EngineStart, key_index: int, value: float, dura
         traffic_class=scn.shape.workloads[key.workload], output_throughput=value,
         duration_s=duration_s, completed=8, output_digests=("same",) * 8,
         prompt_hash="p", seq=start.seq, stage=start.stage, round=start.round,
-        engine_s=engine_s)
+        engine_s=engine_s, per_position_acceptance=rates,
+        num_drafts=1000 if rates else None)
 
 
 def _draw(noise: NoiseModel, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -92,14 +101,18 @@ def run_round(scn: Scenario, noise: NoiseModel, current: Round, rng: np.random.G
     out = []
     for start in current.starts:
         keys = start.window_keys()
-        gain = np.array([scn.gain(start.engine_hash, k.concurrency) for k in keys])
+        gain = np.array([scn.gain(start.engine_hash, k.concurrency, k.workload) for k in keys])
         effect = math.exp(rng.normal(0, noise.start_sd)) if noise.start_sd else 1.0
         drift = 1 + noise.drift * start.seq / max(1, noise.horizon)
         values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(keys))
         clock = noise.start_s
         for i, v in enumerate(values):
             clock += noise.window_s
-            out.append(window(scn, start, i, float(v), noise.window_s, clock))
+            true = scn.rates.get((start.engine_hash, keys[i].workload), ())
+            rates = tuple(float(r) for r in np.clip(
+                np.array(true) * (1 + scn.rate_sd * rng.standard_normal(len(true))), 0, 1)
+                ) if true else ()
+            out.append(window(scn, start, i, float(v), noise.window_s, clock, rates))
     return out
 
 

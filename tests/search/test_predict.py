@@ -17,7 +17,7 @@ from specflow.decision.choose import analyze
 from specflow.records.measurement import Measurement, WindowKey
 from specflow.results.console import round_lines
 from specflow.results.report import rounds_table
-from specflow.search import predict, rounds
+from specflow.search import predict, rounds, simulate
 from specflow.search.advance import _predicted
 from specflow.search.plan import Round, Shape, _fast, split_baseline
 from specflow.spec.schema import PromoteSpec
@@ -472,3 +472,29 @@ def test_a_series_of_three_or_more_is_checked_at_its_smallest_n() -> None:
     checks = {by_name_of(plan, h): c.check for h, c in predict.chains(plan.engine_configs).items()}
     assert checks == {"ngram-n1": True, "ngram-n2": False, "ngram-n3": False,
                       "draft_model-n2": False}
+
+
+def test_the_gpu_plan_simulated_flags_the_multi_layer_mtp_and_decides_right() -> None:
+    """bench/search_cost_simulated.py's plans, one sweep each through the real planner: the
+    chain drafters' checks hold within 2% and the adaptive search starts fewer engines than the
+    racing grid; PR 48892's MTP is flagged and measured at every N."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import search_cost_simulated as bench
+
+    chains = bench.trial(("chains", "adaptive", 0, 0))
+    grid = bench.trial(("chains", "exhaustive", 0, 0))
+    assert not chains.error and not grid.error
+    assert chains.flagged and not any(chains.flagged)
+    assert chains.mal_errors and max(chains.mal_errors) < predict.CHAIN_TOLERANCE
+    assert chains.starts < grid.starts and chains.engine_s < grid.engine_s
+    truth = bench.band_speedups("chains")
+    assert all(bench.right(d, truth[b]) for b, d in chains.decisions), chains.decisions
+    mixed = bench.trial(("mixed", "adaptive", 0, 0))
+    assert mixed.flagged and all(mixed.flagged)
+    scn, what = bench.build_scenario("mixed", "adaptive")
+    prog, ms = simulate.run_sweep(scn, bench.NOISE, bench.PROMOTE, seed=3)
+    started = {what[m.key.engine_hash] for m in ms if m.key.engine_hash in what}
+    assert {("mtp", k) for k in range(1, 8)} <= started

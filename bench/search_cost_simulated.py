@@ -1,0 +1,328 @@
+"""Search cost at GPU scale, simulated: the adaptive search against the racing grid.
+
+Run: .venv/bin/python bench/search_cost_simulated.py [--trials 20] [--seed 0] [--workers 2]
+
+The real round planner and decision code (`specflow.search.rounds`, `specflow.decision`) on a
+GPU-sized plan, measured by `specflow.search.simulate` instead of an engine: three drafters x
+N = 1..7, four concurrency levels (1, 8, 32, 128), two traffic classes (chat, code). Each design
+runs `--trials` sweeps; the adaptive search's and the racing grid's (`sweep.search:
+exhaustive`, the same race) engine-seconds are compared, and their decisions per band.
+
+Two plans. `chains` (the plan the search exists for): three chain drafters. `mixed`: its MTP
+replaced by one that is not a chain, which the search must detect and measure per N.
+True acceptance (per-position unconditional rates per class; what the windows report, 1% noise):
+- eagle3. code: the GPU check's emulated EAGLE-3 rates (acceptance length 3.49 at N=7,
+  yuhuili/EAGLE3-LLaMA3.1-Instruct-8B on HumanEval); chat: vLLM CI's Llama-3.1-8B EAGLE-3 rates
+  (MT-Bench, N=3: 0.7296, 0.5208, 0.3545), each further position 0.7 x the one before (assumed).
+- draft_model. code: the GPU check's draft-model rates (0.60, 0.40, 0.27, 0.18, 0.12, 0.08,
+  0.05; assumed there); chat: 0.85 x those (assumed).
+- mtp (`chains`): InferenceX's golden acceptance length of DeepSeek-V4-Pro's MTP for N=1..7
+  (1.79, 2.27, 2.49, 2.54, 2.55, 2.55, 2.54) as a chain: the rates are its increments, clipped
+  at 0. chat: 0.85 x those (assumed).
+- mtp (`mixed`): a multi-layer MTP that is not a chain (vLLM PR 48892, GSM8K): the rates at N=8
+  are 0.762, 0.616, 0.513, 0.424, 0.364, 0.309, 0.272, 0.237 and the first position is
+  accepted 0.834 at N=1; at N=k the first position is interpolated linearly between the two
+  (assumed) and the later positions keep their conditional rates. chat: 0.85 x (assumed).
+
+True step cost (the predictor does not share it; it assumes cost linear in N): a decode step of
+c requests with K drafted tokens verifies c(K+1) tokens, memory-bound (flat) until the batch's
+tokens reach a compute knee of 256 and growing linearly beyond it (the roofline of an 8B model on
+an H100/H200-class GPU, where decode turns compute-bound at a few hundred tokens per step); the
+drafter adds K passes per step: eagle3 0.04, mtp 0.06, draft_model 0.15 of a target step each
+(its own knee at 4x fewer requests). speedup(c, K) = MAL(K) T(c, 0) / T(c, K).
+
+GPU-shaped costs: 120 s per engine start (an 8B model loaded and its CUDA graphs captured) and
+60 s per window; noise: Student-t(3) windows at CV 3%, a 3% start effect.
+
+Right and same: a band's decision is right when it deploys off where nothing truly beats
+1 + margin, or a candidate whose true worst-level speedup beats 1 + margin and is within the tie
+tolerance (2%) of the best's; two decisions are the same when both are off, both unresolved, or
+both deploy candidates whose true speedups are within the tie tolerance of each other.
+
+Prints per design the engine starts, windows and engine-seconds, the adaptive / grid ratio, the
+share of bands where the two decide alike, each against the truth, the predictor's acceptance
+length error on the chain series and how often the non-chain series was flagged. The last line
+is one JSON object: engine_seconds_ratio_simulated, same_decision_simulated, mal_error_median,
+prediction_flagged, and the designs' means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specflow.decision.choose import analyze  # noqa: E402
+from specflow.decision.model import Analysis, AnalysisError  # noqa: E402
+from specflow.search import predict, simulate  # noqa: E402
+from specflow.search.plan import final_rules  # noqa: E402
+from specflow.spec.schema import PromoteSpec  # noqa: E402
+
+console = Console(width=120)
+PROMOTE = PromoteSpec(bootstrap_samples=100)
+LEVELS = (1, 8, 32, 128)
+WORKLOADS = {"w0": "chat", "w1": "code"}
+NS = range(1, 8)
+KNEE = 256.0
+NOISE = simulate.NoiseModel(cv=0.03, start_sd=0.03, start_s=120.0, window_s=60.0)
+
+EAGLE3_CODE = (0.75, 0.55, 0.40, 0.29, 0.21, 0.16, 0.13)
+EAGLE3_CHAT = (0.7296, 0.5208, 0.3545, *(0.3545 * 0.7**i for i in range(1, 5)))
+DRAFT_CODE = (0.60, 0.40, 0.27, 0.18, 0.12, 0.08, 0.05)
+DSV4_MTP_AL = (1.79, 2.27, 2.49, 2.54, 2.55, 2.55, 2.54)
+MTP_N8 = (0.762, 0.616, 0.513, 0.424, 0.364, 0.309, 0.272, 0.237)
+MTP_N1_FIRST = 0.834
+DRAFT_COST = {"eagle3": 0.04, "mtp": 0.06, "draft_model": 0.15}
+CHAT = 0.85
+"""chat's rates over code's, where only one class is published (assumed)."""
+
+
+def mtp_rates(plan: str, k: int) -> tuple[float, ...]:
+    """The MTP's rates at N = k: the DeepSeek-V4-Pro golden curve's increments (a chain), or
+    the multi-layer MTP of PR 48892 (its first position between 0.834 at N=1 and 0.762 at N=8,
+    the later positions at N=8's conditional rates: not a chain)."""
+    if plan == "chains":
+        steps = np.diff((1.0, *DSV4_MTP_AL))
+        return tuple(float(max(0.0, r)) for r in steps[:k])
+    first = MTP_N1_FIRST + (MTP_N8[0] - MTP_N1_FIRST) * (k - 1) / 7
+    return tuple(first * r / MTP_N8[0] for r in MTP_N8[:k])
+
+
+def true_rates(plan: str, method: str, k: int, cls: str) -> tuple[float, ...]:
+    scale = 1.0 if cls == "code" else CHAT
+    if method == "eagle3":
+        return (EAGLE3_CODE if cls == "code" else EAGLE3_CHAT)[:k]
+    if method == "draft_model":
+        return tuple(scale * r for r in DRAFT_CODE[:k])
+    return tuple(scale * r for r in mtp_rates(plan, k))
+
+
+def step_cost(method: str, c: int, k: int) -> float:
+    """Relative time of one decode step (the true model; see the module docstring)."""
+    verify = max(1.0, c * (k + 1) / KNEE)
+    if k == 0:
+        return verify
+    return verify + DRAFT_COST[method] * k * max(1.0, 4 * c / KNEE)
+
+
+def true_speedup(plan: str, method: str, k: int, cls: str, c: int) -> float:
+    mal = 1 + sum(true_rates(plan, method, k, cls))
+    return mal * step_cost(method, c, 0) / step_cost(method, c, k)
+
+
+def build_scenario(plan: str, search: str
+                   ) -> tuple[simulate.Scenario, dict[str, tuple[str, int]]]:
+    """A GPU plan as a simulated scenario (engine hash -> (method, N))."""
+    from specflow.spec.compile import EngineConfig
+
+    engines = {"base": simulate.Engine("base", "baseline", "none", 0)}
+    what: dict[str, tuple[str, int]] = {}
+    for method in ("eagle3", "mtp", "draft_model"):
+        for k in NS:
+            h = f"{method}{k}"
+            engines[h] = simulate.Engine(h, f"{method}-n{k}", method, k)
+            what[h] = (method, k)
+    configs = []
+    for h, e in engines.items():
+        spec = {"method": e.method, "num_speculative_tokens": e.n} if e.n else None
+        configs.append((h, EngineConfig(e.name, e.method, e.method, e.n, spec,
+                                        ("vllm", "serve", "sim", h), e.n)))
+    by_name = {ec.hash: h for h, ec in configs}
+    chains = {by_name[ec_hash]: replace(ch, probe=by_name[ch.probe])
+              for ec_hash, ch in predict.chains([ec for _, ec in configs]).items()}
+    base = simulate.scenario("race", candidates=2, classes=2, levels=LEVELS)
+    shape = replace(base.shape, candidates=tuple(what), workloads=WORKLOADS,
+                    search=search,  # type: ignore[arg-type]
+                    chains=chains if search == "adaptive" else {})
+    gains = {(h, w, c): true_speedup(plan, m, k, cls, c)
+             for h, (m, k) in what.items() for w, cls in WORKLOADS.items() for c in LEVELS}
+    rates = {(h, w): true_rates(plan, m, k, cls) for h, (m, k) in what.items()
+             for w, cls in WORKLOADS.items()}
+    return simulate.Scenario(shape, engines, point_gains=gains, rates=rates), what
+
+
+@dataclass(frozen=True)
+class Trial:
+    engine_s: float
+    starts: int
+    windows: int
+    decisions: tuple[tuple[str, str], ...]
+    """(band, deployed engine hash, or off / unresolved)."""
+    mal_errors: tuple[float, ...] = ()
+    flagged: tuple[bool, ...] = ()
+    """Per band of the probe round: the MTP series' chain check missed."""
+    error: str = ""
+
+
+def _decisions(result: Analysis) -> tuple[tuple[str, str], ...]:
+    out = []
+    for r in sorted(result.classes, key=lambda r: r.traffic_class):
+        for d in sorted(r.decisions, key=lambda d: d.band.lo):
+            out.append((f"{r.traffic_class} {d.band.label}",
+                        d.winner.engine_hash if d.winner is not None else d.outcome))
+    return tuple(out)
+
+
+def _checks(prog: Any, what: Mapping[str, tuple[str, int]], plan: str
+            ) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """The probe round's chain checks: the acceptance-length error of the chain series' checks,
+    and whether the MTP series' check missed."""
+    errors, flagged = [], []
+    for r in prog.rounds[:1]:
+        for st in r.states:
+            for probe, note in st.notes:
+                method = what[probe][0]
+                missed = " missed: " in note
+                if method == "mtp":
+                    flagged.append(missed)
+                if method != "mtp" or plan == "chains":
+                    got = note.split("acceptance length ")[1].split(" measured, ")
+                    measured, predicted = float(got[0]), float(got[1].split(" ")[0])
+                    errors.append(abs(predicted / measured - 1))
+    return tuple(errors), tuple(flagged)
+
+
+def trial(args: tuple[str, str, int, int]) -> Trial:
+    plan, search, seed, index = args
+    scn, what = build_scenario(plan, search)
+    rng = np.random.default_rng(np.random.SeedSequence((seed, index)))
+    try:
+        prog, ms = simulate.run_sweep(scn, NOISE, PROMOTE, seed=int(rng.integers(2**62)))
+    except RuntimeError as exc:
+        return Trial(0, 0, 0, (), error=str(exc)[:200])
+    spent = prog.spent
+    if prog.problems:
+        return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, (),
+                     error="; ".join(prog.problems)[:200])
+    base = scn.shape.baseline
+    opening = [m for m in ms if m.key.engine_hash != base or m.key.start == 0]
+    later = [m for m in ms if m.key.engine_hash == base and m.key.start > 0]
+    try:
+        result = analyze(opening, final_rules(PROMOTE), closing_baseline=later,
+                         race=prog.states)
+    except AnalysisError as exc:
+        return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, (),
+                     error=str(exc)[:200])
+    errors, flagged = _checks(prog, what, plan) if search == "adaptive" else ((), ())
+    return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, _decisions(result),
+                 errors, flagged)
+
+
+def band_speedups(plan: str) -> dict[str, dict[str, float]]:
+    """Per band label (`<class> c<level>`): every engine's true worst-level speedup."""
+    from specflow.decision.bands import bands_for
+
+    bands, _, _ = bands_for(PROMOTE, LEVELS)
+    _, what = build_scenario(plan, "exhaustive")
+    return {f"{cls} {band.label}": {h: min(true_speedup(plan, m, k, cls, c) for c in LEVELS
+                                           if c in band) for h, (m, k) in what.items()}
+            for cls in WORKLOADS.values() for band in bands}
+
+
+def right(decision: str, truth: Mapping[str, float]) -> bool:
+    best = max(truth.values())
+    if best <= 1 + PROMOTE.margin:
+        return decision == "off"
+    return decision in truth and truth[decision] > 1 + PROMOTE.margin and \
+        truth[decision] * (1 + PROMOTE.tie_tolerance) >= best
+
+
+def same(a: str, b: str, truth: Mapping[str, float]) -> bool:
+    if a in truth and b in truth:
+        lo, hi = sorted((truth[a], truth[b]))
+        return lo * (1 + PROMOTE.tie_tolerance) >= hi
+    return a == b
+
+
+def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int) -> dict[str, Any]:
+    results = {search: list(pool.map(trial, [(plan, search, seed, i) for i in range(trials)]))
+               for search in ("adaptive", "exhaustive")}
+    truth = band_speedups(plan)
+    out: dict[str, Any] = {"plan": plan}
+    for search, ts in results.items():
+        ok = [t for t in ts if not t.error]
+        hits = [right(d, truth[b]) for t in ok for b, d in t.decisions]
+        out[search] = {"engine_s": statistics.fmean(t.engine_s for t in ok) if ok else 0.0,
+                       "starts": statistics.fmean(t.starts for t in ok) if ok else 0.0,
+                       "windows": statistics.fmean(t.windows for t in ok) if ok else 0.0,
+                       "right": sum(hits) / len(hits) if hits else 0.0,
+                       "errors": len(ts) - len(ok)}
+    pairs = [(a, g) for a, g in zip(results["adaptive"], results["exhaustive"], strict=True)
+             if not a.error and not g.error]
+    agree = [same(da, dg, truth[b]) for a, g in pairs
+             for (b, da), (_, dg) in zip(a.decisions, g.decisions, strict=True)]
+    errors = [e for t in results["adaptive"] for e in t.mal_errors]
+    flagged = [f for t in results["adaptive"] for f in t.flagged]
+    grid = out["exhaustive"]["engine_s"]
+    out |= {"ratio": out["adaptive"]["engine_s"] / grid if grid else math.nan,
+            "same": sum(agree) / len(agree) if agree else math.nan,
+            "mal_error_median": statistics.median(errors) if errors else math.nan,
+            "flagged": sum(flagged) / len(flagged) if flagged else math.nan,
+            "truth": {b: max(v, key=lambda h: v[h]) if max(v.values()) > 1 + PROMOTE.margin
+                      else "off" for b, v in truth.items()}}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    with ProcessPoolExecutor(args.workers) as pool:
+        plans = {plan: run_plan(pool, plan, args.trials, args.seed)
+                 for plan in ("chains", "mixed")}
+    table = Table(title=f"GPU plans, simulated: 3 drafters x N=1..7, c={list(LEVELS)}, "
+                        f"2 classes, {args.trials} trials per design")
+    for col in ("plan", "design", "engine starts", "windows", "engine-s", "ratio",
+                "bands right", "same decision", "errors"):
+        table.add_column(col, justify="left" if col in ("plan", "design") else "right")
+    for plan, r in plans.items():
+        for search in ("exhaustive", "adaptive"):
+            m = r[search]
+            table.add_row(plan, "adaptive search" if search == "adaptive" else "racing grid",
+                          f"{m['starts']:.1f}", f"{m['windows']:.0f}", f"{m['engine_s']:.0f}",
+                          f"{r['ratio']:.3f}" if search == "adaptive" else "1",
+                          f"{m['right']:.0%}",
+                          f"{r['same']:.0%}" if search == "adaptive" else "-", str(m["errors"]))
+    console.print(table)
+    for plan, r in plans.items():
+        console.print(f"{plan}: truth per band: " + "; ".join(
+            f"{b}: {h}" for b, h in sorted(r["truth"].items())))
+        console.print(f"{plan}: chain checks: acceptance length error median "
+                      f"{r['mal_error_median']:.4f}; the MTP series flagged as not a chain in "
+                      f"{r['flagged']:.0%} of band checks")
+    chains, mixed = plans["chains"], plans["mixed"]
+    print(json.dumps({
+        "engine_seconds_ratio_simulated": round(chains["ratio"], 3),
+        "same_decision_simulated": round(chains["same"], 3),
+        "mal_error_median": round(chains["mal_error_median"], 4),
+        "prediction_flagged": round(mixed["flagged"], 3),
+        "chain_flagged_falsely": round(chains["flagged"], 3),
+        "engine_seconds_ratio_mixed": round(mixed["ratio"], 3),
+        "same_decision_mixed": round(mixed["same"], 3),
+        "right_adaptive": round(chains["adaptive"]["right"], 3),
+        "right_grid": round(chains["exhaustive"]["right"], 3),
+        "right_adaptive_mixed": round(mixed["adaptive"]["right"], 3),
+        "right_grid_mixed": round(mixed["exhaustive"]["right"], 3),
+        "starts_adaptive": round(chains["adaptive"]["starts"], 1),
+        "starts_grid": round(chains["exhaustive"]["starts"], 1),
+        "trials": args.trials, "seed": args.seed}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
