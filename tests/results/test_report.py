@@ -90,7 +90,7 @@ def test_predicted_vs_measured_section_plot_and_metrics(tmp_path: Path) -> None:
     assert plot in files.plots and plot.read_bytes()[:8] == PNG
     text = files.report.read_text()
     assert "## Predicted vs measured" in text and "at 2 points" in text
-    assert "| eagle3-n2 | eagle3-n3 | gsm8k | 1 |" in text and "| holds (+/- 0.048) |" in text
+    assert "| eagle3-n2 | eagle3-n3 | gsm8k | 1 |" in text and "| holds (+/- 0.024) |" in text
     assert "Series measured at three or more N: 0 of 2 curves can come from a chain." in text
     assert "- eagle3 gsm8k c=1: not a chain (acceptance length grows faster" in text
     metrics = predict.summary(rows)

@@ -387,7 +387,7 @@ def test_the_chain_check_holds_on_chains_and_misses_a_multi_layer_mtp() -> None:
     assert check is not None and not check.holds
     assert check.predicted == pytest.approx(1.762) and check.measured == pytest.approx(1.834)
     assert check.text().startswith("chain check at N=1 missed: acceptance length 1.834 "
-                                   "measured, 1.762 +/- 0.035 predicted from N=8")
+                                   "measured, 1.762 +/- 0.018 predicted from N=8")
     # the other window's spread widens what a chain may miss by
     noisy = predict.acceptance([_window("x", (0.80,)), _window("x", (0.87,), repeat=1)])
     assert noisy is not None
