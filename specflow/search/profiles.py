@@ -16,12 +16,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 
 from specflow.decision.requests import buckets, ratio_interval
 from specflow.records.measurement import Measurement
 from specflow.search import predict
 from specflow.spec.profile import AcceptanceProfile, Band, CurvePoint, LengthBin
-from specflow.stats.critical import t_value
+from specflow.stats.critical import t_value, z_value
 from specflow.stats.intervals import seeded_rng
 
 HISTOGRAM_STEP = 0.5
@@ -39,8 +40,7 @@ def _rates(probe: predict.Acceptance, confidence: float) -> tuple[Band, ...]:
     k = len(probe.windows)
     out = []
     for i, rate in enumerate(probe.rates):
-        per = np.array([w[i] for w in probe.windows])
-        se = float(per.std(ddof=1) / math.sqrt(k)) if k >= 2 else 0.0
+        se = float(stats.sem([w[i] for w in probe.windows])) if k >= 2 else 0.0
         out.append(_band(rate, se, k - 1, confidence, top=1.0))
     return tuple(out)
 
@@ -77,7 +77,7 @@ def _curve(accs: Mapping[int, predict.Acceptance], n_max: int, chain: bool, conf
            ) -> tuple[tuple[CurvePoint, ...], str]:
     """Acceptance length at N = 1..n_max, and why the series is not a chain ("" if it is)."""
     probe = accs[n_max]
-    z = t_value(confidence, math.inf)
+    z = z_value(confidence)
     why = "" if chain else "not a chain method: every N is measured"
     points = []
     for n in range(1, n_max + 1):
