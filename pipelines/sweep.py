@@ -21,6 +21,7 @@ from prefect.states import Completed
 
 from pipelines import dispatch
 from specflow import steps
+from specflow.engine.loadgen import shared_drivers
 from specflow.records.measurement import Measurement
 from specflow.results import console
 
@@ -158,7 +159,15 @@ def _with_soak(result: dict[str, Any], overrides: list[str],
 def sweep_flow(overrides: list[str], run_label: str = "",
                on_window: steps.OnWindow | None = None,
                on_round: steps.OnRound | None = None) -> dict[str, Any]:
-    """Headroom, every engine config, the closing baseline, the decision and the promotion."""
+    """Headroom, every engine config, the closing baseline, the decision and the promotion.
+    The engine starts measured in this process share one idle bench driver (its vLLM imports
+    paid once per sweep, not once per engine start)."""
+    with shared_drivers():
+        return _sweep(overrides, on_window, on_round)
+
+
+def _sweep(overrides: list[str], on_window: steps.OnWindow | None,
+           on_round: steps.OnRound | None) -> Any:
     plan = prepare(overrides)
     if plan["design"] == "race":
         return _race(overrides, plan, on_window, on_round)

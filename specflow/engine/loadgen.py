@@ -4,11 +4,14 @@
 in it (see `bench_driver.py`); `BenchProcess` starts one `vllm bench serve` per window (the
 fallback when no interpreter of the vLLM environment can be derived from the command prefix).
 Both take the same argv and produce the same result files; only process reuse differs.
+Inside `shared_drivers()` (a sweep's flow run) an idle driver is kept from one engine start to
+the next, so its imports are paid once per sweep, not once per engine start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import queue
@@ -18,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol
@@ -135,8 +138,14 @@ class BenchDriver:
         threading.Thread(target=self._read, args=(self.proc.stdout, self._lines),
                          daemon=True).start()
 
+    def idle(self) -> bool:
+        """Alive, its imports done, and no job running (jobs run one at a time, to the end)."""
+        return self._ready and self.proc is not None and self.proc.poll() is None
+
     def wait_ready(self, timeout_s: float = DRIVER_READY_TIMEOUT_S) -> None:
         """Block until the driver has imported vLLM; raises LoadGeneratorError if it cannot."""
+        if self.idle():
+            return
         if self.proc is None and not self._launch_error:
             self.launch()
         if self._launch_error:
@@ -263,16 +272,85 @@ class BenchProcess:
         """Nothing stays running between windows."""
 
 
+class SharedDrivers:
+    """Idle bench drivers kept between engine starts, one per interpreter and environment.
+
+    A driver holds no state of the engine it measured: each job names its server, tokenizer
+    and files in its argv. Only a driver that answered every job it was sent is kept."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, tuple[tuple[str, str], ...]], BenchDriver] = {}
+
+    @staticmethod
+    def _key(python: str, env: Mapping[str, str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return python, tuple(sorted(env.items()))
+
+    def take(self, python: str, env: Mapping[str, str], log: Path) -> BenchDriver:
+        """The idle driver for this interpreter and environment, or a new one (launched)."""
+        driver = self._idle.pop(self._key(python, env), None)
+        if driver is not None and driver.idle():
+            return driver
+        if driver is not None:
+            driver.close()
+        driver = BenchDriver(python, env, log)
+        driver.launch()
+        return driver
+
+    def give_back(self, driver: BenchDriver) -> None:
+        """Keep `driver` for the next engine start if it is idle; else end it."""
+        key = self._key(driver.python, driver.env)
+        if not driver.idle() or key in self._idle:
+            driver.close()
+            return
+        self._idle[key] = driver
+
+    def close(self) -> None:
+        for driver in self._idle.values():
+            driver.close()
+        self._idle.clear()
+
+
+_SHARED: contextvars.ContextVar[SharedDrivers | None] = contextvars.ContextVar(
+    "specflow_shared_drivers", default=None)
+
+
+@contextlib.contextmanager
+def shared_drivers() -> Iterator[SharedDrivers]:
+    """Within this block, engine starts reuse an idle bench driver instead of launching one
+    each; every driver kept is ended when the block ends."""
+    pool = SharedDrivers()
+    token = _SHARED.set(pool)
+    try:
+        yield pool
+    finally:
+        _SHARED.reset(token)
+        pool.close()
+
+
 def make_load_generator(kind: LoadGeneratorKind, command: Sequence[str] | None,
                         env: Mapping[str, str], log: Path) -> BenchDriver | BenchProcess:
     """A driver when asked for and an interpreter can be derived; else one process per window.
 
-    A driver is launched here but not waited for, so its imports overlap the engine start.
+    A driver is launched here but not waited for, so its imports overlap the engine start;
+    inside `shared_drivers()` an idle one is reused.
     """
     prefix = vllm_command(list(command) if command else None)
     python = driver_python(prefix) if kind == "driver" else None
     if python is None:
         return BenchProcess(prefix, env)
+    pool = _SHARED.get()
+    if pool is not None:
+        return pool.take(python, env, log)
     driver = BenchDriver(python, env, log)
     driver.launch()
     return driver
+
+
+def release(gen: BenchDriver | BenchProcess) -> None:
+    """Done with `gen` for this engine start: kept for the next one inside `shared_drivers()`,
+    else ended."""
+    pool = _SHARED.get()
+    if pool is not None and isinstance(gen, BenchDriver):
+        pool.give_back(gen)
+    else:
+        gen.close()

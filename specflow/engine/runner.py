@@ -36,6 +36,7 @@ from specflow.engine.loadgen import (
     LoadGeneratorKind,
     bench_env,
     make_load_generator,
+    release,
 )
 from specflow.engine.server import (
     Endpoint,
@@ -637,7 +638,7 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
             record.write()
             yield m
     finally:
-        gen.close()
+        release(gen)
         if engine.running:
             record.write(survivors=engine.stop())
 
@@ -684,4 +685,4 @@ def run_endpoint(ec: EngineConfig, backend: EndpointBackend, windows: Sequence[W
                 yield from _not_run(ec, todo[done:], f"not run: the endpoint stopped serving "
                                     f"at window {m.key.id} ({down.kind})")
     finally:
-        gen.close()
+        release(gen)

@@ -33,7 +33,13 @@ from specflow.config.compose import load_plan
 from specflow.decision.compare import NOT_SENT, SweepSide, compare
 from specflow.engine import metrics, runner
 from specflow.engine.launcher import vllm_command
-from specflow.engine.loadgen import bench_env, driver_python
+from specflow.engine.loadgen import (
+    bench_env,
+    driver_python,
+    make_load_generator,
+    release,
+    shared_drivers,
+)
 from specflow.engine.runner import (
     Window,
     bench_argv,
@@ -132,6 +138,41 @@ def test_driver_interpreter_from_command_prefix() -> None:
     assert driver_python(["/env/bin/python", "-m", "vllm.entrypoints.cli.main"]) == \
         "/env/bin/python"
     assert driver_python(["docker", "exec", "box", "vllm"]) is None
+
+
+@pytest.mark.engine
+def test_a_sweep_keeps_one_idle_bench_driver_between_engine_starts(tmp_path: Path) -> None:
+    """Inside `shared_drivers()` (a sweep's flow run) the next engine start gets the idle
+    driver back, its vLLM imports already paid; one that died is replaced, another environment
+    gets its own, and nothing outlives the block. Outside it, a driver ends with its engine."""
+    prefix = vllm_command()
+    with shared_drivers():
+        first = make_load_generator("driver", prefix, bench_env(), tmp_path / "a.log")
+        first.wait_ready()
+        assert first.idle()
+        release(first)  # the engine start is over: kept, alive
+        again = make_load_generator("driver", prefix, bench_env(), tmp_path / "b.log")
+        again.wait_ready()  # returns at once
+        assert again is first and again.idle()
+        other = make_load_generator("driver", prefix, bench_env({"SPECFLOW_X": "1"}),
+                                    tmp_path / "c.log")
+        assert other is not first  # another environment: its own driver
+        release(other)  # still importing, not idle: ended, not kept
+        assert other.proc is None
+        assert first.proc is not None
+        release(again)
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(timeout=30)
+        fresh = make_load_generator("driver", prefix, bench_env(), tmp_path / "d.log")
+        assert fresh is not first  # a dead driver is never handed out
+        fresh.wait_ready()
+        kept = fresh.pids()[0]
+        release(fresh)
+        assert psutil.pid_exists(kept)
+    assert not psutil.pid_exists(kept)  # the block's end ended (and reaped) it
+    alone = make_load_generator("driver", prefix, bench_env(), tmp_path / "e.log")
+    release(alone)  # outside a sweep: ended at once
+    assert alone.proc is None
 
 
 def test_windows_and_bench_arguments(tmp_path: Path) -> None:

@@ -472,6 +472,10 @@ def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path,
     assert [m.engine for m in first][::2] == ["baseline", "ngram-n8", "draft_model_random-n2",
                                               "baseline"]  # base, candidates, base
     assert all(m.engine_s > 0 for m in ms)
+    # one bench driver served every engine start of the sweep (its vLLM imports paid once)
+    records = [json.loads(p.read_text()) for p in (tmp_path / "work").rglob("engines/*.json")]
+    assert len(records) == len(starts)
+    assert len({tuple(r["load_generator_pids"]) for r in records}) == 1, records
     confirm = [m for m in ms if m.stage == "confirm"]
     # the winner's 2 fresh starts with fresh baseline starts around them
     assert {m.round for m in confirm} == {1}
