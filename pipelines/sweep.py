@@ -10,8 +10,6 @@ re-run task redoes only what is missing. `on_window` (progress) is for in-proces
 (with a pool, it is fed from the shared ledger).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from prefect import flow, task
@@ -161,33 +159,33 @@ def sweep_flow(overrides: list[str], run_label: str = "",
                on_round: steps.OnRound | None = None) -> dict[str, Any]:
     """Headroom, every engine config, the closing baseline, the decision and the promotion.
     The engine starts measured in this process share one idle bench driver (its vLLM imports
-    paid once per sweep, not once per engine start)."""
+    paid once per sweep, not once per engine start).
+
+    This module's annotations are evaluated (no `from __future__ import annotations`): a served
+    deployment's runner pickles the flow function by value, and its parameters' types must
+    travel with it, not be looked up by name in the module (tests/pipelines/test_deployment.py)."""
     with shared_drivers():
-        return _sweep(overrides, on_window, on_round)
-
-
-def _sweep(overrides: list[str], on_window: steps.OnWindow | None,
-           on_round: steps.OnRound | None) -> Any:
-    plan = prepare(overrides)
-    if plan["design"] == "race":
-        return _race(overrides, plan, on_window, on_round)
-    if plan["dispatch"]:  # each engine config a flow run on the work pool's workers
-        engines = dispatch.fan_out(overrides, [dispatch.Unit("engine", h, n)
-                                               for h, n in plan["engines"]], on_window=on_window)
-        closing: Any = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
-                                                                  "baseline (closing)")],
-                                        on_window=on_window)
-        return _ended({"plan": plan, "engines": engines, "closing": closing,
-                       "outcome": decide(overrides)})  # no soak with a work pool (refused)
-    engines = []
-    for engine_hash, name in plan["engines"]:
-        state = measure_engine(overrides, engine_hash, name, on_window, return_state=True)
-        engines.append(state.result() if state.is_completed()
-                       else {"engine": name, "hash": engine_hash, "error": state.message})
-    closing = closing_baseline(overrides, on_window)
-    outcome = decide(overrides)
-    return _with_soak({"plan": plan, "engines": engines, "closing": closing, "outcome": outcome},
-                      overrides, on_window)
+        plan = prepare(overrides)
+        if plan["design"] == "race":
+            return _race(overrides, plan, on_window, on_round)
+        if plan["dispatch"]:  # each engine config a flow run on the work pool's workers
+            engines = dispatch.fan_out(overrides, [dispatch.Unit("engine", h, n)
+                                                   for h, n in plan["engines"]],
+                                       on_window=on_window)
+            closing: Any = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
+                                                                      "baseline (closing)")],
+                                            on_window=on_window)
+            return _ended({"plan": plan, "engines": engines, "closing": closing,
+                           "outcome": decide(overrides)})  # no soak with a work pool (refused)
+        engines = []
+        for engine_hash, name in plan["engines"]:
+            state = measure_engine(overrides, engine_hash, name, on_window, return_state=True)
+            engines.append(state.result() if state.is_completed()
+                           else {"engine": name, "hash": engine_hash, "error": state.message})
+        closing = closing_baseline(overrides, on_window)
+        outcome = decide(overrides)
+        return _with_soak({"plan": plan, "engines": engines, "closing": closing,
+                           "outcome": outcome}, overrides, on_window)
 
 
 def _ended(result: dict[str, Any]) -> Any:

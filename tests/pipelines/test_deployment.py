@@ -24,6 +24,26 @@ UNREACHABLE = "unreachable ("  # pipelines.deploy on stderr: the runner stopped 
 AGAIN = "serving again in"  # ... and no flow run is in flight any more: it checks the API
 
 
+_UNPICKLE = """
+import sys, cloudpickle
+flow = cloudpickle.loads(sys.stdin.buffer.read())
+print(sorted(flow.validate_parameters({"overrides": ["x=1"]})))
+"""
+
+
+def test_the_flow_pickled_by_value_validates_its_parameters() -> None:
+    """Prefect's runner sends a served flow to its subprocess pickled by value (the module's
+    name `sweep_flow` is the Flow, not its function): the parameters' types travel with it."""
+    import cloudpickle
+
+    from pipelines.sweep import sweep_flow
+
+    out = subprocess.run([sys.executable, "-c", _UNPICKLE], input=cloudpickle.dumps(sweep_flow),
+                         capture_output=True, cwd="/", timeout=300, check=False)
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    assert out.stdout.decode().strip() == "['on_round', 'on_window', 'overrides', 'run_label']"
+
+
 def _flow_run_shows_windows_and_the_decision(run_output: str, env: dict[str, str], tmp: Path
                                              ) -> None:
     """What a person sees of a served run in the Prefect UI: an engine-start line and one line
