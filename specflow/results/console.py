@@ -124,6 +124,43 @@ def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
+def _levels(band: str) -> str:
+    """A band's label ("c4", "c1-4") in words."""
+    return f"concurrency {band[1:]}" if band.startswith("c") else band
+
+
+def deploy_lines(rows: Sequence[Mapping[str, Any]],
+                 promotions: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """What to deploy per traffic class, in words: the drafter and N with its speedup per
+    band, no speculative decoding where the band concluded off, or the current champion kept
+    (an undecided class, or a decision the regression gate refused)."""
+    status = {p["traffic_class"]: p["status"] for p in promotions}
+    out = []
+    for cls in dict.fromkeys(r["traffic_class"] for r in rows):
+        mine = [r for r in rows if r["traffic_class"] == cls]
+        wins = [next(r for r in mine if r["band"] == band and r["verdict"] in
+                     ("wins", "unresolved")) for band in dict.fromkeys(r["band"] for r in mine)]
+        if any(w["verdict"] == "unresolved" for w in wins):
+            out.append(f"{cls}: undecided: keep what is deployed now (the report says what "
+                       "would settle it)")
+            continue
+        if status.get(cls) == "refused":
+            out.append(f"{cls}: keep what is deployed now: the new decision did not pass the "
+                       "regression gate (see the report)")
+            continue
+        if all(w["method"] == BASELINE_METHOD for w in wins):
+            out.append(f"{cls}: serve without speculative decoding: no drafter measured pays "
+                       "here")
+            continue
+        parts = [f"no speculative decoding at {_levels(w['band'])}"
+                 if w["method"] == BASELINE_METHOD else
+                 f"{w['method']} with N={w['N']} at {_levels(w['band'])}: {w['speedup']:.2f}x "
+                 f"the throughput without it (interval [{w['lo']:.2f}, {w['hi']:.2f}])"
+                 for w in wins]
+        out.append(f"{cls}: " + "; ".join(parts))
+    return out
+
+
 def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None:
     """The decision per class and band (the full table with every candidate is in the report):
     a table on a wide console, two lines per band on a narrow one (80 columns), so a CI is
@@ -174,6 +211,11 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
     where = summary.get("run_link") or f"mlflow ui --backend-store-uri {uri}"
     out.print(escape(f"results: {where}  (experiment '{summary['experiment']}', parent run "
                      f"{summary['parent_run_id']})"), soft_wrap=True)
+    deploy = deploy_lines(summary["table"], summary["promotions"])
+    if deploy:
+        out.print("[bold]what to deploy, per traffic class[/]")
+        for line in deploy:
+            out.print(escape(f"  {line}"), highlight=False, soft_wrap=True)
 
 
 def print_headroom(reports: Sequence[Headroom], out: Console) -> None:

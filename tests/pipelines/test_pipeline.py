@@ -461,7 +461,11 @@ def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path,
     rows = {r["engine"]: r for r in code.evidence.decision_table}
     assert rows["draft_model_random-n2"]["verdict"] == "ruled out"
     assert rows["draft_model_random-n2"]["hi"] < 1.0  # a true loss, not only no gain
-    assert "unresolved" not in proc.stderr.split("decision per traffic class")[-1]
+    decided = proc.stdout.split("decision per traffic class and concurrency band")
+    assert len(decided) == 2 and "unresolved" not in decided[1], proc.stdout[-2000:]
+    # the last lines: what to deploy, in words
+    last = proc.stdout.split("what to deploy, per traffic class\n")[-1].splitlines()
+    assert last[0].startswith("  code: ngram with N=8 at concurrency 4: "), proc.stdout[-2000:]
     # the trail
     ledger = _ledger(tmp_path)
     ms = [e.measurement for e in ledger.entries()]

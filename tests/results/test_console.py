@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from specflow.decision.choose import analyze, decision_rows
-from specflow.results.console import NARROW, decision_lines, print_outcome
+from specflow.results.console import NARROW, decision_lines, deploy_lines, print_outcome
 from specflow.results.report import decision_note
 from specflow.spec.schema import PromoteSpec
 from tests.builders import Cand, engine, sweep
@@ -63,6 +63,32 @@ def test_a_narrow_console_never_splits_a_band_or_its_interval(width: int) -> Non
             "http://127.0.0.1:5000/#/experiments/1/runs/abc") in text
     assert ("adaptive search: 9 engine starts, 72 windows (the grid of this plan: 17 starts, "
             "136 windows)") in text
+
+
+def test_the_last_lines_say_what_to_deploy_per_class_in_words() -> None:
+    """A class that speculates in one band and not in another; a class concluded off; an
+    undecided class; a decision the regression gate refused."""
+    table = _summary()["table"]
+    (math,) = deploy_lines(table)
+    c1 = next(r for r in table if r["band"] == "c1" and r["verdict"] == "wins")
+    assert math == (f"math: eagle3 with N=3 at concurrency 1: {c1['speedup']:.2f}x the "
+                    f"throughput without it (interval [{c1['lo']:.2f}, {c1['hi']:.2f}]); "
+                    "no speculative decoding at concurrency 8")
+    off = [{**r, "traffic_class": "classify"} for r in table if r["band"] == "c8"]
+    undecided = [{**r, "traffic_class": "chat", "verdict": "unresolved"}
+                 if r["method"] == "none" else {**r, "traffic_class": "chat"}
+                 for r in table if r["band"] == "c8"]
+    assert [r["method"] for r in off if r["verdict"] == "wins"] == ["none"]
+    assert deploy_lines(off + undecided) == [
+        "classify: serve without speculative decoding: no drafter measured pays here",
+        "chat: undecided: keep what is deployed now (the report says what would settle it)"]
+    refused = deploy_lines(table, [{"traffic_class": "math", "status": "refused"}])
+    assert refused == ["math: keep what is deployed now: the new decision did not pass the "
+                       "regression gate (see the report)"]
+    out = Console(width=80, record=True, color_system=None)
+    print_outcome(_summary(), out, 12.0)
+    text = out.export_text().splitlines()
+    assert text[-2:] == ["what to deploy, per traffic class", f"  {math}"]
 
 
 def test_a_wide_console_gets_the_table() -> None:
