@@ -26,6 +26,7 @@ import pytest
 from specflow import workloads
 from specflow.config.compose import load, load_plan
 from specflow.demo import tiny
+from specflow.engine.loadgen import shared_drivers
 from specflow.engine.runner import plan_windows, run_engine
 from specflow.engine.server import reported_kv
 from specflow.records.measurement import Measurement
@@ -264,24 +265,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path, prefect_ap
                                cwd=job_dir, env=_job_env(job_dir, prefect_api), stdout=out,
                                stderr=err)
     try:
-        starts: dict[tuple[str, str], Start] = {}
-        work = tmp_path_factory.mktemp("direct")
-        datasets: dict[str, Any] = {}
-        for target, drafter, names in DIRECT:
-            loaded, plan = load_plan([OVERLAY, f"paths.models={models}", f"target={target}",
-                                      f"drafter=[none,{drafter}]"])
-            spec = loaded.spec
-            if not datasets:  # the main job's prompts: same workload, same tokenizer files
-                datasets = workloads.materialize_all(
-                    spec.workload, work / "datasets", tokenizer=spec.target.model,
-                    concurrency=spec.sweep.concurrency)
-            windows = plan_windows(spec.workload, {n: m.path for n, m in datasets.items()},
-                                   spec.sweep.concurrency, 1, 0)
-            for ec in plan.engine_configs:
-                if ec.name in names:
-                    ms = tuple(run_engine(ec, spec.backend, windows, work / target,
-                                          tokenizer=spec.target.model))
-                    starts[(target, ec.name)] = Start(target, spec, ec, ms)
+        with shared_drivers():  # one bench driver for the direct starts, as a sweep has
+            starts = _direct_starts(models, tmp_path_factory.mktemp("direct"))
         job.wait(timeout=1500)  # ~7 min beside another test module's engines
     finally:
         if job.poll() is None:
@@ -293,6 +278,28 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path, prefect_ap
     if (job_dir / "work" / "sweeps").is_dir():
         starts.update(_job_starts(job_dir, models))
     return Runs(done, job_dir, starts)
+
+
+def _direct_starts(models: Path, work: Path) -> dict[tuple[str, str], Start]:
+    """The seed methods the main job does not start, each with `run_engine` on its target."""
+    starts: dict[tuple[str, str], Start] = {}
+    datasets: dict[str, Any] = {}
+    for target, drafter, names in DIRECT:
+        loaded, plan = load_plan([OVERLAY, f"paths.models={models}", f"target={target}",
+                                  f"drafter=[none,{drafter}]"])
+        spec = loaded.spec
+        if not datasets:  # the main job's prompts: same workload, same tokenizer files
+            datasets = workloads.materialize_all(
+                spec.workload, work / "datasets", tokenizer=spec.target.model,
+                concurrency=spec.sweep.concurrency)
+        windows = plan_windows(spec.workload, {n: m.path for n, m in datasets.items()},
+                               spec.sweep.concurrency, 1, 0)
+        for ec in plan.engine_configs:
+            if ec.name in names:
+                ms = tuple(run_engine(ec, spec.backend, windows, work / target,
+                                      tokenizer=spec.target.model))
+                starts[(target, ec.name)] = Start(target, spec, ec, ms)
+    return starts
 
 
 def _ok(start: Start) -> tuple[Measurement, ...]:
