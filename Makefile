@@ -32,9 +32,10 @@ lint: setup
 
 # The suite runs on TEST_WORKERS pytest-xdist workers (each test module on one worker, so a
 # module's shared engine runs start once); 2 fits this 2-core, 24 GiB machine (a third worker
-# only slows each engine test down as much: docs/benchmarks.md).
+# only slows each engine test down as much: docs/benchmarks.md). Modules are handed out in
+# collection order, the costliest first (tests/conftest.py), not by their number of tests.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: lint browser
 	$(PYTEST)

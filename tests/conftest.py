@@ -16,8 +16,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+COSTLIEST_FIRST = (
+    # The modules that start engines, costliest first (worker-seconds in the fresh-clone CI,
+    # docs/benchmarks.md "The test suite"). `make test` hands modules to its workers in this
+    # order (`--dist loadscope --no-loadscope-reorder`), so the many short modules fill the
+    # end of the run instead of one long module running alone at the end.
+    "tests/pipelines/test_pipeline.py",
+    "tests/demo/test_seed_methods.py",
+    "tests/results/test_compare_sweeps.py",
+    "tests/pipelines/test_scale_out.py",
+    "tests/engine/test_runner.py",
+    "tests/pipelines/test_deployment.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `engine` need the real vLLM; without it they are skipped, saying why."""
+    """The costliest modules first (see COSTLIEST_FIRST; a stable sort: each module's tests
+    and the other modules keep their order). Tests marked `engine` need the real vLLM; without
+    it they are skipped, saying why."""
+    rank = {module: i for i, module in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason="needs vLLM: install specflow[cpu] (or [gpu]); `make test` does")
