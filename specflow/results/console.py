@@ -100,14 +100,23 @@ NARROW = 100
 """Below this many columns the decision is printed as lines per band, not as a table."""
 
 
+def _bands(rows: Sequence[Mapping[str, Any]]
+           ) -> dict[tuple[str, str], tuple[Mapping[str, Any], list[Mapping[str, Any]]]]:
+    """Per (traffic class, band), in the table's order: the row deployed (a candidate that
+    wins, the "off" row, or the "off" row marked unresolved) and all the band's rows."""
+    out = {}
+    for key in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
+        mine = [r for r in rows if (r["traffic_class"], r["band"]) == key]
+        out[key] = next(r for r in mine if r["verdict"] in ("wins", "unresolved")), mine
+    return out
+
+
 def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Per traffic class and band: what is deployed, its N and speedup [CI], and the best
     other candidate with its verdict (the console's table, the flow run's table artifact and the
     MLflow parent run's note, `report.decision_note`)."""
     out = []
-    for (cls, band) in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
-        mine = [r for r in rows if (r["traffic_class"], r["band"]) == (cls, band)]
-        win = next(r for r in mine if r["verdict"] in ("wins", "unresolved"))
+    for (cls, band), (win, mine) in _bands(rows).items():
         others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
                         key=lambda r: -(r["lo"] or 0))
         best = others[0] if others else None
@@ -135,11 +144,10 @@ def deploy_lines(rows: Sequence[Mapping[str, Any]],
     band, no speculative decoding where the band concluded off, or the current champion kept
     (an undecided class, or a decision the regression gate refused)."""
     status = {p["traffic_class"]: p["status"] for p in promotions}
+    bands = _bands(rows)
     out = []
-    for cls in dict.fromkeys(r["traffic_class"] for r in rows):
-        mine = [r for r in rows if r["traffic_class"] == cls]
-        wins = [next(r for r in mine if r["band"] == band and r["verdict"] in
-                     ("wins", "unresolved")) for band in dict.fromkeys(r["band"] for r in mine)]
+    for cls in dict.fromkeys(c for c, _ in bands):
+        wins = [win for (c, _), (win, _) in bands.items() if c == cls]
         if any(w["verdict"] == "unresolved" for w in wins):
             out.append(f"{cls}: undecided: keep what is deployed now (the report says what "
                        "would settle it)")
