@@ -21,15 +21,17 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
+from prefect.exceptions import PrefectHTTPStatusError
 from prefect.runtime import flow_run as this_run
 from prefect.states import Cancelled, Crashed
 
@@ -42,6 +44,7 @@ from specflow.results.ledger import renew_lease
 ENGINE_FLOW = "specflow-engine-config"
 WAITING = frozenset({"SCHEDULED", "PAUSED"})
 """Submitted, no worker has taken it yet (a late run stays SCHEDULED)."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -150,14 +153,15 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
     assert name is not None  # the sweep fans out only with a deployment
 
     def submit(unit: Unit, attempt: int) -> _Submitted:
-        run = run_deployment(
+        run = _patiently(lambda: run_deployment(
             name, parameters={"overrides": list(overrides), "kind": unit.kind, "key": unit.key,
                               "engine_name": unit.name,
                               "lease": str(ctx.ledger.lease_path(unit.id)),
                               "lease_every_s": d.lease_s / 6},
             timeout=0, tags=["specflow", *tags, f"attempt:{attempt}"],
             job_variables=dict(d.job_variables) or None,
-            idempotency_key=f"{parent}/{unit.id}/{attempt}")
+            idempotency_key=f"{parent}/{unit.id}/{attempt}"),
+            f"submitting {unit.kind} {unit.name}", d)
         log.info("submitted %s %s (attempt %d): flow run %s", unit.kind, unit.name, attempt,
                  run.name)
         return _Submitted(unit, run, attempt)
@@ -172,17 +176,27 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
     todo = [submit(u, 0) for u in units if not measured(u)]
     done: list[dict[str, Any]] = []
     seen = {e.measurement.key.id: e.measurement for e in ctx.ledger.entries()}
+    failing_since: float | None = None
     with get_client(sync_client=True) as client:
         try:
             while todo:
                 time.sleep(d.poll_s)
                 if on_window is not None:
                     seen = _report_new(ctx, seen, on_window)
-                todo = _poll(ctx, client, todo, done, submit, d)
+                todo, error = _poll(ctx, client, todo, done, submit, d)
+                failing_since = None if error is None else failing_since or time.monotonic()
+                if failing_since is not None and time.monotonic() - failing_since > \
+                        d.server_grace_s:
+                    raise RuntimeError(_gave_up(error, d))
         except BaseException:  # Ctrl-C, SIGTERM, a bug: nothing measures on without the sweep
             for s in todo:
-                client.set_flow_run_state(s.run.id, Cancelled(
-                    message="the sweep that submitted it stopped"), force=True)
+                try:
+                    client.set_flow_run_state(s.run.id, Cancelled(
+                        message="the sweep that submitted it stopped"), force=True)
+                except Exception as exc:  # noqa: BLE001 - the API is down: its lease fence
+                    if not _transient(exc):  # stops it once the API answers again
+                        raise
+                    log.error("could not cancel flow run %s: %s", s.run.name, _short(exc))
             raise
     if on_window is not None:
         _report_new(ctx, seen, on_window)
@@ -190,24 +204,72 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
 
 
 def _poll(ctx: Any, client: Any, todo: list[_Submitted], done: list[dict[str, Any]],
-          submit: Any, d: Any) -> list[_Submitted]:
-    """One look at every unit in flight: the ones still in flight (resubmitted ones too)."""
+          submit: Any, d: Any) -> tuple[list[_Submitted], Exception | None]:
+    """One look at every unit in flight: the ones still in flight (resubmitted ones too), and
+    the last server error of this look (its units are looked at again next time)."""
     log = get_run_logger()
-    still = []
+    still, error = [], None
     for s in todo:
-        run = client.read_flow_run(s.run.id)
-        state = run.state.type.value if run.state is not None else "SCHEDULED"
-        problem = _problem(ctx, client, s, run, state, d)
-        if state == "COMPLETED":
-            done.append(_summary(ctx, s, run, state))
-        elif problem is None:
+        try:
+            run = client.read_flow_run(s.run.id)
+            state = run.state.type.value if run.state is not None else "SCHEDULED"
+            problem = _problem(ctx, client, s, run, state, d)
+            if state == "COMPLETED":
+                done.append(_summary(ctx, s, run, state))
+            elif problem is None:
+                still.append(s)
+            elif problem[0] == "no_worker" or s.attempt >= d.retries:
+                done.append(_abandon(ctx, s, run, *problem))
+            else:
+                log.warning("%s %s: %s; submitting it again", s.unit.kind, s.unit.name,
+                            problem[1])
+                still.append(submit(s.unit, s.attempt + 1))
+        except Exception as exc:  # noqa: BLE001 - only a server's hiccup is waited out
+            if not _transient(exc):
+                raise
+            log.warning("%s %s: the Prefect API failed (%s); looking again in %g s",
+                        s.unit.kind, s.unit.name, _short(exc), d.poll_s)
             still.append(s)
-        elif problem[0] == "no_worker" or s.attempt >= d.retries:
-            done.append(_abandon(ctx, s, run, *problem))
-        else:
-            log.warning("%s %s: %s; submitting it again", s.unit.kind, s.unit.name, problem[1])
-            still.append(submit(s.unit, s.attempt + 1))
-    return still
+            error = exc
+    return still, error
+
+
+def _transient(exc: BaseException) -> bool:
+    """A Prefect API hiccup worth waiting out: a server error (503 is a busy database), a
+    timeout, a refused or dropped connection. Prefect's client has retried it already."""
+    if isinstance(exc, PrefectHTTPStatusError):
+        code = exc.response.status_code
+        return code >= 500 or code in (408, 429)
+    return isinstance(exc, httpx.TransportError)
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, PrefectHTTPStatusError):
+        return f"{exc.response.status_code} {exc.response.reason_phrase} from {exc.request.url}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _gave_up(error: BaseException | None, d: Any) -> str:
+    return (f"the Prefect API failed every call for over dispatch.server_grace_s="
+            f"{d.server_grace_s:g} s (last: {_short(error) if error else 'unknown'}); the "
+            "windows finished so far are in the ledger and are not measured again on resume")
+
+
+def _patiently(call: Callable[[], T], what: str, d: Any) -> T:
+    """`call()`, again every dispatch.poll_s while the API fails with a hiccup (idempotent
+    calls only), for up to dispatch.server_grace_s."""
+    start = time.monotonic()
+    while True:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - only a server's hiccup is waited out
+            if not _transient(exc):
+                raise
+            if time.monotonic() - start > d.server_grace_s:
+                raise RuntimeError(f"{what}: {_gave_up(exc, d)}") from exc
+            get_run_logger().warning("%s: the Prefect API failed (%s); trying again in %g s",
+                                     what, _short(exc), d.poll_s)
+            time.sleep(d.poll_s)
 
 
 def _report_new(ctx: Any, seen: dict[str, Any], on_window: steps.OnWindow) -> dict[str, Any]:

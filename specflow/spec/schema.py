@@ -684,6 +684,10 @@ class DispatchSpec(_Model):
     (its windows are recorded as failed: no_worker)."""
     poll_s: Seconds = 2.0
     """How often the sweep reads its flow runs' states."""
+    server_grace_s: Seconds = 600.0
+    """How long the sweep waits out a Prefect API that answers only with server errors or not
+    at all (a busy SQLite database, a restart) before it stops with an error; the flow runs it
+    submitted go on measuring into the ledger meanwhile."""
     job_variables: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Job variables of every submitted flow run (the pool's template declares them): on the
     Kubernetes pool of pipelines/k8s, `gpu_count` is the target's tensor_parallel_size."""

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -53,6 +54,86 @@ def start_server(tmp: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
                                  "--host", "127.0.0.1", "--port", str(port)],
                                 cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+class Outage:
+    """A loopback TCP proxy in front of a live server, whose link can be cut: while cut, it
+    drops every connection (`mode="drop"`: the client sees the server vanish) or answers every
+    request with 503 (`mode="503"`: an ingress whose backend is gone). Open connections are cut
+    too. Use as a context manager; `url` is the proxy's http://127.0.0.1:<port>."""
+
+    def __init__(self, target_port: int, mode: str = "drop") -> None:
+        self.target, self.mode = target_port, mode
+        self.down = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self.down.set()
+        with self._lock:
+            for conn in list(self._open):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def mend(self) -> None:
+        self.down.clear()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            if not self.down.is_set():
+                threading.Thread(target=self._link, args=(conn,), daemon=True).start()
+            elif self.mode == "503":
+                threading.Thread(target=self._refuse, args=(conn,), daemon=True).start()
+            else:
+                conn.close()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            body = b'{"exception_message": "Service Unavailable"}'
+            conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json"
+                         b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(body), body))
+
+    def _link(self, conn: socket.socket) -> None:
+        try:
+            up = socket.create_connection(("127.0.0.1", self.target))
+        except OSError:
+            conn.close()
+            return
+        with self._lock:
+            self._open.update((conn, up))
+
+        def pipe(a: socket.socket, b: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                while data := a.recv(65536):
+                    b.sendall(data)
+            for x in (a, b):
+                with contextlib.suppress(OSError):
+                    x.shutdown(socket.SHUT_RDWR)
+
+        back = threading.Thread(target=pipe, args=(up, conn), daemon=True)
+        back.start()
+        pipe(conn, up)
+        back.join()
+        with self._lock:
+            self._open.difference_update((conn, up))
+        conn.close()
+        up.close()
+
+    def __enter__(self) -> Outage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
+        self.cut()
 
 
 def windows(work: Path) -> dict[str, dict]:

@@ -77,8 +77,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
                MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
     env.pop("PREFECT_API_URL", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    client_env = dict(env, PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2",
-                      PREFECT_CLIENT_MAX_RETRIES="2")
+    client_env = dict(env, PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2")
     mlflow_server = live.MlflowServer(tmp_path, env)
     procs: list[subprocess.Popen] = []
     logs = [tmp_path / n for n in ("server.log", "sweep.log", "gpu-0.log", "gpu-1.log",
@@ -244,3 +243,81 @@ def test_a_flow_run_that_is_no_longer_running_stops_itself(tmp_path: Path) -> No
         if run_id == "fine":
             leased = float(out.stdout.split()[1])
             assert renewed["t"] > leased + 1.5  # renewed every 0.2 s while it measured
+
+
+def test_the_sweep_waits_out_a_prefect_api_outage_and_gives_up_after_its_grace(
+        prefect_api: str) -> None:
+    """A real Prefect server behind a link that is cut: dropped connections and 503s (what a
+    busy SQLite database or an ingress without a backend answers) are waited out by the
+    sweep's calls (a submission, a look at its flow runs), each look keeping its units in
+    flight; an outage longer than dispatch.server_grace_s ends with an error naming the field,
+    its value and the last failure; an answer such as 404 is not waited out."""
+    import threading
+    import uuid
+    from types import SimpleNamespace
+
+    from prefect import flow
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_CLIENT_MAX_RETRIES,
+        PREFECT_LOGGING_TO_API_ENABLED,
+        temporary_settings,
+    )
+    from prefect.states import Scheduled
+
+    from pipelines import dispatch
+
+    target = int(prefect_api.rsplit(":", 1)[1].split("/")[0])
+    d = SimpleNamespace(poll_s=0.2, server_grace_s=60.0, wait_s=3600.0, lease_s=60.0,
+                        retries=2)
+
+    @flow(name="outage-probe")
+    def probe(mode: str) -> dict[str, object]:
+        seen: dict[str, object] = {}
+        with live.Outage(target, mode) as link, SyncPrefectClient(f"{link.url}/api") as client:
+            run = client.create_flow_run(probe, state=Scheduled())
+            calls = []
+
+            def read() -> object:
+                calls.append(1)
+                return client.read_flow_run(run.id)
+
+            link.cut()
+            threading.Timer(1.5, link.mend).start()
+            seen["read"] = dispatch._patiently(read, "reading a flow run", d).id == run.id
+            seen["calls"] = len(calls)
+            s = dispatch._Submitted(dispatch.Unit("engine", "k", "ngram-n2"), run, 0)
+            link.cut()
+            still, error = dispatch._poll(None, client, [s], [], None, d)
+            seen["cut"] = (still == [s], dispatch._transient(error) if error else None)
+            link.mend()
+            still, error = dispatch._poll(None, client, [s], [], None, d)
+            seen["mended"] = (still == [s], error)
+            link.cut()
+            with pytest.raises(RuntimeError) as gone:
+                dispatch._patiently(read, "submitting engine ngram-n2",
+                                    SimpleNamespace(poll_s=0.2, server_grace_s=1.0))
+            seen["gone"] = str(gone.value)
+            link.mend()
+            calls.clear()
+            with pytest.raises(ObjectNotFound):
+                dispatch._patiently(lambda: read() and client.read_flow_run(uuid.uuid4()),
+                                    "reading", d)
+            seen["404 calls"] = len(calls)
+        return seen
+
+    with temporary_settings({PREFECT_API_URL: prefect_api, PREFECT_CLIENT_MAX_RETRIES: 0,
+                             PREFECT_LOGGING_TO_API_ENABLED: False}):
+        for mode in ("drop", "503"):
+            seen = probe(mode)
+            assert seen["read"] is True and int(seen["calls"]) >= 2, (mode, seen)
+            assert seen["cut"] == (True, True), (mode, seen)
+            assert seen["mended"] == (True, None), (mode, seen)
+            gone = str(seen["gone"])
+            assert gone.startswith("submitting engine ngram-n2: the Prefect API failed every "
+                                   "call for over dispatch.server_grace_s=1 s (last: "), gone
+            assert ("503 Service Unavailable from http://127.0.0.1:" in gone) == \
+                (mode == "503"), gone
+            assert seen["404 calls"] == 1, (mode, seen)
