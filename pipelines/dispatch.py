@@ -33,6 +33,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import PrefectHTTPStatusError
 from prefect.runtime import flow_run as this_run
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Cancelled, Crashed
 
 from specflow import steps
@@ -80,7 +81,7 @@ def _lease(path: str, every_s: float, **fields: Any) -> Iterator[None]:
     def renew() -> None:
         while not stop.wait(every_s):
             renew_lease(path, **fields)
-            if run_id and not _still_running(run_id):
+            if run_id and not _still_running(run_id, max(every_s, 1.0)):
                 print(f"flow run {run_id} is no longer running: stopping this engine config")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
@@ -95,11 +96,13 @@ def _lease(path: str, every_s: float, **fields: Any) -> Iterator[None]:
         thread.join(timeout=every_s + 5)
 
 
-def _still_running(run_id: str) -> bool:
+def _still_running(run_id: str, timeout_s: float) -> bool:
     """Whether the API says this flow run is RUNNING (True when the API cannot be reached: an
-    outage must not stop a measurement; the sweep decides what is lost)."""
+    outage must not stop a measurement; the sweep decides what is lost). One try, at most
+    `timeout_s`: the lease it shares a thread with must not wait on the client's retries."""
     try:
-        with get_client(sync_client=True) as client:
+        with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
+                get_client(sync_client=True, httpx_settings={"timeout": timeout_s}) as client:
             state = client.read_flow_run(run_id).state
     except Exception:  # noqa: BLE001 - unreachable API, timeouts: keep measuring
         return True
@@ -296,9 +299,16 @@ def _problem(ctx: Any, client: Any, s: _Submitted, run: FlowRun, state: str, d: 
                                       force=True)
             return "no_worker", f"no worker took flow run {run.name} within {d.wait_s:g} s"
         return None
-    if state in ("PENDING", "RUNNING"):
+    since = run.state.timestamp.timestamp() if run.state is not None else s.submitted
+    if state == "PENDING":  # a worker took it; its process (pod, image) is starting
+        if now - since > d.start_s:
+            message = (f"worker lost: taken by a worker but not running after {now - since:.0f}"
+                       f" s (dispatch.start_s={d.start_s:g})")
+            client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+            return "worker_lost", f"flow run {run.name}: {message}"
+        return None
+    if state == "RUNNING":
         lease = ctx.ledger.lease(s.unit.id)
-        since = run.state.timestamp.timestamp() if run.state is not None else s.submitted
         if lease is not None and lease.flow_run_id == str(run.id):
             since = max(since, lease.t)
         if now - since > d.lease_s:

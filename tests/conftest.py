@@ -57,7 +57,12 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     os.environ["SPECFLOW_CACHE"] = str(cache)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    # vLLM inspects each model architecture once (~15 s) and caches what it found under
+    # VLLM_CACHE_ROOT (atomic writes, keyed by the model module's hash): one cache for all the
+    # session's xdist workers, so a second worker starting the same architecture reads it.
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(shared / "vllm-cache"))
     # The engines the tests start run vLLM's single-process executor (the model worker inside
     # the engine-core process; API server and engine core stay two processes): each start is
     # ~9 s shorter without the worker process's imports, and tiny models decode a few tokens.

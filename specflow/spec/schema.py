@@ -679,6 +679,10 @@ class DispatchSpec(_Model):
     """A running engine config whose worker has not renewed its lease (a heartbeat file in the
     ledger, every lease_s/6) for this long is declared lost: its flow run is set Crashed and the
     config is submitted again."""
+    start_s: Seconds = 900.0
+    """How long a flow run a worker has taken (PENDING: its process starting, a pod being
+    scheduled, an image being pulled) may take to start measuring before the config is
+    submitted again; once running, its lease (lease_s) is what counts."""
     wait_s: Seconds = 86_400.0
     """How long a submitted engine config may wait for a free worker before it is given up
     (its windows are recorded as failed: no_worker)."""

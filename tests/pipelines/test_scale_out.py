@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -218,7 +219,6 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
 _FENCED = """
 import json, signal, sys, time
 from pipelines import dispatch
-dispatch._still_running = lambda run_id: run_id != "lost"  # what the Prefect API would say
 def stopped(signum, frame):
     print("stopped by SIGTERM", flush=True)
     sys.exit(0)
@@ -230,17 +230,32 @@ print("measured to the end", flush=True)
 """
 
 
-def test_a_flow_run_that_is_no_longer_running_stops_itself(tmp_path: Path) -> None:
-    """The lease is a fence: a flow run the sweep declared lost (or a person cancelled) stops
-    its process, and with it its engine; one still RUNNING keeps renewing its lease."""
+def test_a_flow_run_that_is_no_longer_running_stops_itself(tmp_path: Path,
+                                                           prefect_api: str) -> None:
+    """The lease is a fence: a flow run the sweep declared lost (set Crashed on the real
+    Prefect server, as the sweep does) stops its process, and with it its engine; one still
+    RUNNING keeps renewing its lease."""
+    from prefect import flow
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.states import Crashed, Running
+
+    @flow(name="fenced-probe")
+    def fenced() -> None: ...
+
+    with SyncPrefectClient(prefect_api) as client:
+        runs = {"lost": client.create_flow_run(fenced, state=Crashed(message="worker lost")),
+                "fine": client.create_flow_run(fenced, state=Running())}
     lease = tmp_path / "leases" / "engine-x.json"
-    for run_id, last in (("lost", "stopped by SIGTERM"), ("fine", "measured to the end")):
+    env = dict(os.environ, PREFECT_API_URL=prefect_api)
+    for name, last in (("lost", "stopped by SIGTERM"), ("fine", "measured to the end")):
+        run_id = str(runs[name].id)
         out = subprocess.run([sys.executable, "-c", _FENCED, run_id, str(lease)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120, check=False)
+                             env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
         assert out.returncode == 0 and out.stdout.splitlines()[-1] == last, out
         renewed = json.loads(lease.read_text())
         assert renewed["flow_run_id"] == run_id
-        if run_id == "fine":
+        if name == "fine":
             leased = float(out.stdout.split()[1])
             assert renewed["t"] > leased + 1.5  # renewed every 0.2 s while it measured
 
@@ -321,3 +336,58 @@ def test_the_sweep_waits_out_a_prefect_api_outage_and_gives_up_after_its_grace(
             assert ("503 Service Unavailable from http://127.0.0.1:" in gone) == \
                 (mode == "503"), gone
             assert seen["404 calls"] == 1, (mode, seen)
+
+
+def test_a_taken_run_that_never_starts_and_a_running_one_gone_silent_are_declared_lost(
+        prefect_api: str, tmp_path: Path) -> None:
+    """On a real Prefect server: a flow run a worker took (PENDING: process, pod or image
+    starting) is given dispatch.start_s, not the lease, to start; a RUNNING one is judged by
+    its lease in the ledger. Past them, each is set Crashed with a message naming the field
+    and is submitted again (worker_lost); within them, or with a fresh lease, it goes on."""
+    from types import SimpleNamespace
+
+    from prefect import flow
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.states import Pending, Running
+
+    from pipelines import dispatch
+    from specflow.results.ledger import renew_lease
+
+    @flow(name="taken-probe")
+    def taken() -> None: ...
+
+    ledger = Ledger(tmp_path, "s")
+    ctx = SimpleNamespace(ledger=ledger)
+
+    def d(start_s: float, lease_s: float) -> SimpleNamespace:
+        return SimpleNamespace(start_s=start_s, lease_s=lease_s, wait_s=3600.0)
+
+    with SyncPrefectClient(prefect_api) as client:
+        pending = client.create_flow_run(taken, state=Pending())
+        running = client.create_flow_run(taken, state=Running())
+        units = {"PENDING": dispatch._Submitted(dispatch.Unit("engine", "p", "ngram-n2"),
+                                                pending, 0),
+                 "RUNNING": dispatch._Submitted(dispatch.Unit("engine", "r", "ngram-n3"),
+                                                running, 0)}
+
+        def look(state: str, dd: SimpleNamespace) -> tuple[str, str] | None:
+            s = units[state]
+            return dispatch._problem(ctx, client, s, client.read_flow_run(s.run.id), state, dd)
+
+        time.sleep(1.5)
+        # a long start is no lost lease: the process of a PENDING run writes none yet
+        assert look("PENDING", d(start_s=60, lease_s=1)) is None
+        renew_lease(ledger.lease_path(units["RUNNING"].unit.id), flow_run_id=str(running.id))
+        assert look("RUNNING", d(start_s=60, lease_s=1)) is None  # its lease is fresh
+        assert look("RUNNING", d(start_s=0, lease_s=60)) is None
+        time.sleep(1.2)
+        lost = {state: look(state, d(start_s=1, lease_s=1)) for state in units}
+        assert lost["PENDING"] is not None and lost["RUNNING"] is not None, lost
+        assert lost["PENDING"][0] == lost["RUNNING"][0] == "worker_lost", lost
+        assert re.search(r"taken by a worker but not running after \d+ s "
+                         r"\(dispatch.start_s=1\)$", lost["PENDING"][1]), lost
+        assert re.search(r"no lease renewal for \d+ s \(dispatch.lease_s=1\)$",
+                         lost["RUNNING"][1]), lost
+        for s in units.values():
+            state = client.read_flow_run(s.run.id).state
+            assert state is not None and state.type.value == "CRASHED", state
