@@ -301,22 +301,19 @@ def _problem(ctx: Any, client: Any, s: _Submitted, run: FlowRun, state: str, d: 
         return None
     since = run.state.timestamp.timestamp() if run.state is not None else s.submitted
     if state == "PENDING":  # a worker took it; its process (pod, image) is starting
-        if now - since > d.start_s:
-            message = (f"worker lost: taken by a worker but not running after {now - since:.0f}"
-                       f" s (dispatch.start_s={d.start_s:g})")
-            client.set_flow_run_state(run.id, Crashed(message=message), force=True)
-            return "worker_lost", f"flow run {run.name}: {message}"
-        return None
-    if state == "RUNNING":
+        limit, field, what = d.start_s, "start_s", "taken by a worker but not running after"
+    elif state == "RUNNING":
         lease = ctx.ledger.lease(s.unit.id)
         if lease is not None and lease.flow_run_id == str(run.id):
             since = max(since, lease.t)
-        if now - since > d.lease_s:
-            message = (f"worker lost: no lease renewal for {now - since:.0f} s "
-                       f"(dispatch.lease_s={d.lease_s:g})")
-            client.set_flow_run_state(run.id, Crashed(message=message), force=True)
-            return "worker_lost", f"flow run {run.name}: {message}"
-    return None
+        limit, field, what = d.lease_s, "lease_s", "no lease renewal for"
+    else:
+        return None
+    if now - since <= limit:
+        return None
+    message = f"worker lost: {what} {now - since:.0f} s (dispatch.{field}={limit:g})"
+    client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+    return "worker_lost", f"flow run {run.name}: {message}"
 
 
 def _summary(ctx: Any, s: _Submitted, run: FlowRun, state: str, **more: Any) -> dict[str, Any]:
