@@ -267,8 +267,16 @@ def _comparison(r: Revalidation) -> dict[str, Any] | None:
 def search_cost(ctx: Context) -> dict[str, Any]:
     """Engine starts and windows spent, against what the grid of the same plan costs (every
     engine config started once, its windows at every point, the closing baseline)."""
-    s = spent_by(ctx.ledger.measurements())
     sweep = ctx.spec.sweep
+    ms = ctx.ledger.measurements()
+    base = ctx.baseline()
+    if sweep.design != "race" and base is not None:
+        # a grid's closing baseline is an engine start of its own, recorded under the opening
+        # start's key (its repeats numbered after the opening's)
+        closing = {w.key(base).id for w in ctx.closing_windows()}
+        ms = [dataclasses.replace(m, key=dataclasses.replace(m.key, start=m.key.start + 1))
+              if m.key.id in closing else m for m in ms]
+    s = spent_by(ms)
     points = len(ctx.spec.workload) * len(set(sweep.concurrency))
     configs = len(ctx.plan.engine_configs)
     closing = int(sweep.closing_baseline_repeats > 0 and ctx.baseline() is not None)

@@ -131,6 +131,10 @@ def test_flow_end_to_end_logs_to_mlflow(tmp_path: Path, models: Path, prefect_ap
     assert {i: ledger.get(i).measurement for i in first} == first
     assert [e.engine for e in ledger.engine_starts()] == ["baseline", "draft_model-n2",
                                                                     "baseline"]
+    # the closing baseline counted as the engine start it is (its windows share the opening
+    # start's key)
+    assert ("exhaustive search: 3 engine starts, 5 windows (the grid of this plan: 3 starts, "
+            "5 windows)") in proc.stdout, proc.stdout[-3000:]
     # 2 engine configs x 1 workload x 1 concurrency x 2 repeats + 1 closing baseline window
     assert len(children) == 5 == len(list(ledger.entries()))
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
