@@ -40,3 +40,11 @@ class BandState:
     notes: tuple[tuple[str, str], ...] = ()
     """(engine hash, note) of what the search checked on the way (an adaptive search's chain
     check, under its probe's hash)."""
+
+    def word(self, more_rounds: bool) -> str:
+        """The status as said after its round: a band the exploration left unresolved with
+        contenders still open is measured again when another round follows, so it is `open`
+        there; `unresolved` is said only where no round follows."""
+        if more_rounds and self.status == "unresolved" and self.looks == 0 and self.contenders:
+            return "open"
+        return self.status

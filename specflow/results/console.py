@@ -268,13 +268,17 @@ def round_lines(progress: SearchState, names: Mapping[str, str]) -> list[str]:
         lines.append(f"round {r.index} ({r.stage}) done: {len(r.starts)} engine starts; spent "
                      f"{r.spent.engine_starts} starts, {r.spent.windows} windows, "
                      f"{r.spent.engine_seconds:.0f} engine-s")
+        more = progress.current is not None
         for b in r.states:
             fresh = [f"{name(h)} ({why})" for h, why in b.dropped if why.startswith(
                 f"round {r.index}:")]
             who = ", ".join(name(h) for h in b.contenders)
-            lines.append(f"  {b.traffic_class} {b.band}: {b.status}"
+            word = b.word(more)
+            lines.append(f"  {b.traffic_class} {b.band}: {word}"
                          + (f" [{who}]" if who and b.status != "off" else "")
                          + (f"; {b.why}" if b.why else "")
+                         + ("; measured again on the next round's starts" if word == "open"
+                            else "")
                          + (f"; dropped {'; '.join(fresh)}" if fresh else ""))
             if r.index == 0:  # the probe round's chain checks
                 lines += [f"    {name(h)}'s series: {note}" for h, note in b.notes]

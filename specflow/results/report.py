@@ -465,10 +465,12 @@ def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None
              "and checked this round | spent (starts / windows / engine-s) |",
              "|---|---|---|---|---|---|"]
     seen: set[tuple[str, str, str]] = set()
-    for r in rounds:
-        states = "; ".join(f"{b.traffic_class} {b.band}: {b.status}"
+    for i, r in enumerate(rounds):
+        more = i + 1 < len(rounds)
+        states = "; ".join(f"{b.traffic_class} {b.band}: {b.word(more)}"
                            + (f" ({', '.join(name(h) for h in b.contenders)})"
-                              if b.status in ("exploring", "confirming", "confirmed") else "")
+                              if b.word(more) in ("exploring", "confirming", "confirmed", "open")
+                              else "")
                            for b in r.states)
         dropped = [f"{b.traffic_class} {b.band}: {name(h)} ({why})" for b in r.states
                    for h, why in b.dropped if (b.traffic_class, b.band, h) not in seen]

@@ -201,8 +201,9 @@ def log_round(ctx: Context, progress: rounds.SearchState) -> None:
     if ctx.tracker is None or ctx.parent_run_id is None or not progress.rounds:
         return
     r = progress.rounds[-1]
-    status = Counter(b.status for b in r.states)
-    metrics = {"race.open_bands": status["exploring"] + status["confirming"],
+    more = progress.current is not None
+    status = Counter(b.word(more) for b in r.states)
+    metrics = {"race.open_bands": status["exploring"] + status["confirming"] + status["open"],
                "race.confirmed_bands": status["confirmed"],
                "race.unresolved_bands": status["unresolved"],
                "race.contenders": sum(len(b.contenders) for b in r.states
@@ -210,7 +211,7 @@ def log_round(ctx: Context, progress: rounds.SearchState) -> None:
                "race.engine_starts": r.spent.engine_starts, "race.windows": r.spent.windows,
                "race.engine_seconds": r.spent.engine_seconds}
     names = {ec.hash: ec.name for ec in ctx.plan.engine_configs}
-    bands = [f"{b.traffic_class} {b.band} {b.status} "
+    bands = [f"{b.traffic_class} {b.band} {b.word(more)} "
              f"[{', '.join(names.get(h, h) for h in b.contenders)}]" for b in r.states]
     tags = {f"specflow.round.{r.index}": f"{r.stage}: " + "; ".join(bands)}
     try:

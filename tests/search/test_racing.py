@@ -13,6 +13,8 @@ from specflow.champions import promote
 from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis
 from specflow.records.measurement import Measurement
+from specflow.results.console import round_lines
+from specflow.results.report import rounds_table
 from specflow.search import rounds, simulate
 from specflow.search.plan import final_rules, look_futility
 from specflow.search.schedules import measured_schedules
@@ -289,3 +291,13 @@ def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> N
     outcome = {d.band.label: d.outcome for d in r.decisions}
     assert outcome == {"c1": "speculate", "c8": "off"}
     assert _winners(result) == {"c1"}
+    # said as it stands: open after the exploration, while the confirmation measures it again;
+    # off once ruled out; unresolved nowhere, as the band never was
+    mid = dataclasses.replace(prog, rounds=prog.rounds[:1], current=confirm)
+    (line,) = [x for x in round_lines(mid, {}) if x.startswith("  class0 c8: ")]
+    assert line.startswith("  class0 c8: open [") and line.endswith(
+        "; measured again on the next round's starts"), line
+    assert [x for x in round_lines(prog, {}) if x.startswith("  class0 c8: ")] == [
+        "  class0 c8: off; every candidate is ruled out"]
+    table = "\n".join(rounds_table(prog.rounds))
+    assert "c8: open (" in table and "c8: off" in table and "unresolved" not in table, table
