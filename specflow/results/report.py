@@ -467,11 +467,11 @@ def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None
     seen: set[tuple[str, str, str]] = set()
     for i, r in enumerate(rounds):
         more = i + 1 < len(rounds)
-        states = "; ".join(f"{b.traffic_class} {b.band}: {b.word(more)}"
+        words = [(b, b.word(more)) for b in r.states]
+        states = "; ".join(f"{b.traffic_class} {b.band}: {word}"
                            + (f" ({', '.join(name(h) for h in b.contenders)})"
-                              if b.word(more) in ("exploring", "confirming", "confirmed", "open")
-                              else "")
-                           for b in r.states)
+                              if word in ("exploring", "confirming", "confirmed", "open") else "")
+                           for b, word in words)
         dropped = [f"{b.traffic_class} {b.band}: {name(h)} ({why})" for b in r.states
                    for h, why in b.dropped if (b.traffic_class, b.band, h) not in seen]
         seen |= {(b.traffic_class, b.band, h) for b in r.states for h, _ in b.dropped}

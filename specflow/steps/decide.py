@@ -273,13 +273,13 @@ def search_cost(ctx: Context) -> dict[str, Any]:
     if sweep.design != "race" and base is not None:
         # a grid's closing baseline is an engine start of its own, recorded under the opening
         # start's key (its repeats numbered after the opening's)
-        closing = {w.key(base).id for w in ctx.closing_windows()}
+        closing_ids = {w.key(base).id for w in ctx.closing_windows()}
         ms = [dataclasses.replace(m, key=dataclasses.replace(m.key, start=m.key.start + 1))
-              if m.key.id in closing else m for m in ms]
+              if m.key.id in closing_ids else m for m in ms]
     s = spent_by(ms)
     points = len(ctx.spec.workload) * len(set(sweep.concurrency))
     configs = len(ctx.plan.engine_configs)
-    closing = int(sweep.closing_baseline_repeats > 0 and ctx.baseline() is not None)
+    closing = int(sweep.closing_baseline_repeats > 0 and base is not None)
     return {"search": sweep.search if sweep.design == "race" else "exhaustive",
             "engine_starts": s.engine_starts, "windows": s.windows,
             "engine_seconds": round(s.engine_seconds, 1),
