@@ -41,10 +41,14 @@ class BandState:
     """(engine hash, note) of what the search checked on the way (an adaptive search's chain
     check, under its probe's hash)."""
 
+    @property
+    def left_open(self) -> bool:
+        """The exploration left it unresolved with contenders still open (not confirmed, not
+        out of budget): a confirmation's starts measure it too, and may yet rule them out."""
+        return self.status == "unresolved" and self.looks == 0 and bool(self.contenders)
+
     def word(self, more_rounds: bool) -> str:
-        """The status as said after its round: a band the exploration left unresolved with
-        contenders still open is measured again when another round follows, so it is `open`
-        there; `unresolved` is said only where no round follows."""
-        if more_rounds and self.status == "unresolved" and self.looks == 0 and self.contenders:
-            return "open"
-        return self.status
+        """The status as said after its round: a band `left_open` is measured again when
+        another round follows, so it is `open` there; `unresolved` is said only where no
+        round follows."""
+        return "open" if more_rounds and self.left_open else self.status

@@ -74,10 +74,8 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
 
 
 def open_after_exploring(states: Mapping[BandKey, BandState]) -> dict[BandKey, BandState]:
-    """Bands the exploration left unresolved with contenders still open (not confirmed, not out
-    of budget): a confirmation's starts measure them too, and may yet rule them out."""
-    return {k: st for k, st in states.items()
-            if st.status == "unresolved" and st.looks == 0 and st.contenders}
+    """The bands `BandState.left_open`: a confirmation's starts measure them too."""
+    return {k: st for k, st in states.items() if st.left_open}
 
 
 def _rejudge_open(before: Mapping[BandKey, BandState], after: dict[BandKey, BandState],
