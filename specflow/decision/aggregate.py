@@ -10,12 +10,12 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from scipy import stats
 
-from specflow.decision.model import Estimate, PointStats
-from specflow.records.measurement import Measurement
+from specflow.decision.model import Estimate, PointStats, SlowedWindow
+from specflow.records.measurement import AGAIN, Measurement, WindowKey
 from specflow.spec.schema import PromoteSpec
 from specflow.stats.critical import t_value, z_value
 from specflow.stats.intervals import bootstrap_means, seeded_rng, widened_percentile
-from specflow.stats.replicates import StartWindows, starts_by_point
+from specflow.stats.replicates import StartWindows, screen_slowed, starts_by_point
 
 
 def geometric_mean_ci(values: Sequence[float], promote: PromoteSpec, *key: object
@@ -48,11 +48,41 @@ def _exclusion(m: Measurement) -> str | None:
 
 def usable_starts(measurements: Iterable[Measurement]
                   ) -> dict[tuple[str, int], list[StartWindows]]:
-    """The usable windows (see `_exclusion`) as engine-start blocks per (workload, concurrency):
-    what every speedup, noise estimate and drift check reads."""
-    return starts_by_point(
+    """The usable windows (see `_exclusion`) as engine-start blocks per (workload, concurrency),
+    without the windows outside load slowed (`screened_starts`): what every speedup, noise
+    estimate and drift check reads."""
+    return screened_starts(measurements)[0]
+
+
+def screened_starts(measurements: Iterable[Measurement]
+                    ) -> tuple[dict[tuple[str, int], list[StartWindows]], list[SlowedWindow]]:
+    """`usable_starts`, and the windows it left out as slowed by outside load, per point."""
+    ms = [m for m in measurements if _exclusion(m) is None]
+    names = {m.key.engine_hash: m.engine for m in ms}
+    blocks = starts_by_point(
         (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start, m.key.repeat, m.seq,
-         m.stage, m.output_throughput) for m in measurements if _exclusion(m) is None)
+         m.stage, m.output_throughput) for m in ms)
+    slowed: list[SlowedWindow] = []
+    ids = {m.key.id for m in ms}
+    for (w, c), starts in blocks.items():
+        blocks[(w, c)], found = screen_slowed(starts)
+        for s in found:
+            again = WindowKey(s.engine_hash, w, c, s.repeat + AGAIN, s.start)
+            slowed.append(SlowedWindow(s.engine_hash, names[s.engine_hash], w, c, s.start,
+                                       s.repeat, s.ratio, s.z,
+                                       again.repeat if again.id in ids else None))
+    return blocks, slowed
+
+
+def to_measure_again(measurements: Iterable[Measurement], engine_hash: str, start: int
+                     ) -> list[tuple[str, int, int]]:
+    """(workload, concurrency, repeat) of each window of one engine start that outside load
+    slowed (`screened_starts` over the sweep's records) and that was not measured again yet: the
+    start measures each once more before its engine stops (repeat + `AGAIN`), never twice."""
+    _, slowed = screened_starts(measurements)
+    return [(s.workload, s.concurrency, s.repeat) for s in slowed
+            if s.engine_hash == engine_hash and s.start == start and s.again is None
+            and s.repeat < AGAIN]
 
 
 def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: str = "open"

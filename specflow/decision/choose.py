@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specflow.decision.aggregate import _median_curve, aggregate, usable_starts
+from specflow.decision.aggregate import _median_curve, aggregate, screened_starts
 from specflow.decision.bands import bands_for, build_schedule
 from specflow.decision.gates import _Reference, _references, quality_check, slo_violations
 from specflow.decision.model import (
@@ -446,7 +446,7 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
     opening, closing_ms = _placed(list(measurements), list(closing_baseline))
     points = aggregate(opening, promote, "open")
     closing = aggregate(closing_ms, promote, "close")
-    blocks = usable_starts((*opening, *closing_ms))
+    blocks, slowed = screened_starts((*opening, *closing_ms))
     refused = frozenset(refused_by_headroom)
     problems = [f"closing_baseline holds {p.label}, which is not the baseline"
                 for p in closing if not p.is_baseline]
@@ -474,7 +474,7 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
         staged = _family_corrected(staged, promote)
     results = [_decide_class(s, race) for s in staged]
     return Analysis(tuple(results), tuple(points), tuple(closing),
-                    promote.model_dump(mode="json"), tuple(sorted(refused)))
+                    promote.model_dump(mode="json"), tuple(sorted(refused)), tuple(slowed))
 
 
 def _class_baseline(traffic_class: str, pts: Sequence[PointStats]

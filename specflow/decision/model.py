@@ -121,6 +121,34 @@ class PointSpeedup:
 
 
 @dataclass(frozen=True)
+class SlowedWindow:
+    """A window left out of the speedups: its engine start's other windows at the point show
+    outside load slowed it (`specflow.stats.replicates.screen_slowed`). It stays in the ledger
+    and in its point's statistics; the start's other windows carry the speedup."""
+
+    engine_hash: str
+    engine: str
+    workload: str
+    concurrency: int
+    start: int
+    repeat: int
+    ratio: float
+    """Its throughput over the median of its start's other windows."""
+    z: float
+    """How many robust SDs below its start's median (negative)."""
+    again: int | None = None
+    """The repeat of the window measured again in its place on the same engine start (a racing
+    sweep's start measures each slowed window once more); None where it was not."""
+
+    def text(self) -> str:
+        then = (f"; measured again as repeat {self.again}" if self.again is not None
+                else "")
+        return (f"{self.engine} at {self.workload} c={self.concurrency}, start {self.start} "
+                f"repeat {self.repeat}: {self.ratio:.2f}x its start's other windows "
+                f"({self.z:.1f} robust SDs){then}")
+
+
+@dataclass(frozen=True)
 class Drift:
     """Two consecutive baseline engine starts at one workload and concurrency."""
 
@@ -340,6 +368,8 @@ class Analysis:
     settings: dict[str, Any]
     """The PromoteSpec the decision was made under."""
     headroom_refused: tuple[str, ...] = ()
+    slowed: tuple[SlowedWindow, ...] = ()
+    """Windows outside load slowed, left out of the speedups (they still count as repeats)."""
 
     def result(self, traffic_class: str) -> ClassResult:
         for r in self.classes:

@@ -21,7 +21,7 @@ import errno
 import hashlib
 import json
 import os
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -594,13 +594,18 @@ class _EngineRecord:
 
 def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, windows: Sequence[Window],
                workdir: Path, *, load_generator: LoadGeneratorKind = "driver",
-               skip: Collection[str] = (), tokenizer: str | None = None) -> Iterator[Measurement]:
+               skip: Collection[str] = (), tokenizer: str | None = None,
+               again: Callable[[Sequence[Measurement]], Sequence[Window]] | None = None
+               ) -> Iterator[Measurement]:
     """Start one engine for `ec`, measure every window on it, stop it; yields per window.
 
     Windows whose WindowKey id is in `skip` (finished earlier) are not run, and an engine with
     nothing left to run is not started. A failed start fails every window with the reason and
     log tail; an engine that dies mid-run is stopped (its whole process group, checked by PID)
     before its failure is yielded, and the windows after it are recorded as `engine_down`.
+    `again`: called once, after every window measured (and consumed by the caller), with this
+    start's measurements; the windows it returns are measured on the same engine before it
+    stops (windows that outside load slowed, measured once more).
     """
     if isinstance(backend, EndpointBackend):
         yield from run_endpoint(ec, backend, windows, workdir, load_generator=load_generator,
@@ -626,17 +631,23 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
             yield from (_failed(ec, w, *failure, artifacts) for w in todo)
             return
         record.write()
-        for done, (m, down) in enumerate(
-                _windows(engine, gen, ec, todo, workdir, backend.request_timeout_s), 1):
-            m = _with_artifacts(m, record.path)
-            if down is not None:
-                record.stopped(down.kind)
+        measured: list[Measurement] = []
+        for batch in (todo, None):
+            if batch is None:  # the planned windows are done: those to measure once more
+                batch = [replace(w, warmup_requests=0)  # the engine is warm at every level
+                         for w in (again(measured) if again is not None else ())]
+            for done, (m, down) in enumerate(
+                    _windows(engine, gen, ec, batch, workdir, backend.request_timeout_s), 1):
+                m = _with_artifacts(m, record.path)
+                if down is not None:
+                    record.stopped(down.kind)
+                    yield m
+                    yield from _not_run(ec, batch[done:], f"not run: engine '{ec.name}' "
+                                        f"stopped serving at window {m.key.id} ({down.kind})")
+                    return
+                record.write()
+                measured.append(m)
                 yield m
-                yield from _not_run(ec, todo[done:], f"not run: engine '{ec.name}' stopped "
-                                    f"serving at window {m.key.id} ({down.kind})")
-                return
-            record.write()
-            yield m
     finally:
         release(gen)
         if engine.running:

@@ -17,6 +17,9 @@ LATENCY_STATS = ("mean", "median", "p50", "p90", "p99")
 """Statistics kept per family; keys are vLLM's, e.g. `p99_tpot_ms`, `mean_ttft_ms`."""
 
 
+AGAIN = 1000
+"""Added to a slowed window's repeat to number the window measured again in its place."""
+
 _RECORD = ConfigDict(extra="forbid")
 """A record read back has exactly its fields (a stray key makes it unreadable, not ignored)."""
 
@@ -33,7 +36,8 @@ class WindowKey:
     concurrency: int
     """Max in-flight requests."""
     repeat: int
-    """Repeat index within the engine start, from 0."""
+    """Repeat index within the engine start, from 0; a window measured again on the same start
+    in place of one that outside load slowed is numbered `AGAIN` + the slowed one's."""
     start: Annotated[int, Field(validation_alias=AliasChoices("start", "block"))] = 0
     """Which engine start of this config (0 = its first); the replicate unit. Read from
     `block` too, the key's name in older ledgers."""

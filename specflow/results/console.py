@@ -195,6 +195,15 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
         out.print(f"[yellow]no decision:[/] {escape(p)}", soft_wrap=True)
     out.print(f"{summary['ok']}/{summary['windows']} windows ok in {elapsed:.0f} s; "
               f"missing {len(summary['missing'])}")
+    slowed = summary.get("slowed") or []
+    if slowed:
+        out.print(f"[yellow]{len(slowed)} window{'s' * (len(slowed) != 1)} slowed by outside "
+                  "load, left out of the speedups[/] (their starts' other windows carry them; "
+                  "the report lists each):", soft_wrap=True)
+        for w in slowed[:5]:
+            out.print(escape(f"  {w}"), highlight=False, soft_wrap=True)
+        if len(slowed) > 5:
+            out.print(f"  ... and {len(slowed) - 5} more", highlight=False)
     cost = summary.get("cost")
     if cost:
         out.print(f"{cost['search']} search: {cost['engine_starts']} engine starts, "

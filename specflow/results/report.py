@@ -24,6 +24,7 @@ from specflow.records.fsio import atomic_write
 from specflow.records.measurement import Measurement
 from specflow.search.predict import Curve, Versus, summary
 from specflow.search.rounds import Round, ScheduleCheck
+from specflow.stats.replicates import SLOWED_Z
 
 
 @dataclass(frozen=True)
@@ -431,16 +432,32 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
             lines.append(f"| {d.workload} | {d.concurrency} | #{d.seq_from} -> #{d.seq_to} | "
                          f"{d.ratio:.3f} | {d.z:+.1f} | {'**yes**' if d.flagged else 'no'} |")
     failed = [p for p in analysis.points if p.traffic_class == r.traffic_class and p.failures]
+    workloads = {p.workload for p in analysis.points if p.traffic_class == r.traffic_class}
+    slowed = [w for w in analysis.slowed if w.workload in workloads]
+    if failed or slowed:
+        lines += ["", "### Excluded windows"]
     if failed:
-        lines += ["", "### Excluded windows", "", "| engine | workload | concurrency | usable | "
-                  "excluded |", "|---|---|---|---|---|"]
+        lines += ["", "| engine | workload | concurrency | usable | excluded |",
+                  "|---|---|---|---|---|"]
         for p in failed:
             what = ", ".join(f"{k} x{v}" for k, v in p.failures.items())
             lines.append(f"| {p.engine} | {p.workload} | {p.concurrency} | {p.n_ok} | {what} |")
+    if slowed:
+        lines += ["", "Slowed by outside load: each is far below its own engine start's other "
+                  f"windows at the point (more than {SLOWED_Z:g} robust SDs below the start's "
+                  "median), so it is left out of the speedups and the noise estimates; it "
+                  "stays in the ledger and counts as a repeat, and the start's "
+                  "other windows carry its estimate, with the window measured again in its "
+                  "place on the same start where there is one.", "",
+                  "| engine | workload | concurrency | start | repeat | throughput / its start's "
+                  "others | robust SDs | measured again as |", "|---|---|---|---|---|---|---|---|"]
+        for w in slowed:
+            lines.append(f"| {w.engine} | {w.workload} | {w.concurrency} | {w.start} | "
+                         f"{w.repeat} | {w.ratio:.3f} | {w.z:.1f} | "
+                         f"{'-' if w.again is None else f'repeat {w.again}'} |")
     for lv in requests:
         if lv.traffic_class == r.traffic_class:
             lines += _requests_section(lv)
-    workloads = {p.workload for p in analysis.points if p.traffic_class == r.traffic_class}
     stems = {f"speedup_vs_concurrency-{_slug(r.traffic_class)}",
              f"request_acceptance-{_slug(r.traffic_class)}"} | {
         f"{kind}-{_slug(w)}" for w in workloads for kind in ("throughput_vs_n", "acceptance")}
@@ -508,6 +525,9 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
     if analysis.excluded:
         lines += [f"Windows excluded as failed: {analysis.excluded} (counted per point below).",
                   ""]
+    if analysis.slowed:
+        lines += [f"Windows slowed by outside load, left out of the speedups: "
+                  f"{len(analysis.slowed)} (listed per class below).", ""]
     if analysis.headroom_refused:
         lines += ["Refused by the headroom check: "
                   + ", ".join(f"`{h}`" for h in analysis.headroom_refused) + ".", ""]

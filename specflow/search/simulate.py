@@ -9,6 +9,8 @@ tests that pin the decision's properties. The noise model, per window, on output
 - start effect: lognormal with SD `start_sd`, one draw per engine start (the replicate unit);
 - drift: linear over the run order, `drift` in total from the first engine start to the
   `horizon`-th;
+- outside load (`hit`): each window, with probability `hit`, slowed by a factor drawn uniformly
+  from `slowdown` (a background job sharing the host's cores for the window's duration);
 - costs: `start_s` per engine start and `window_s` per window (engine-seconds).
 """
 
@@ -38,6 +40,10 @@ class NoiseModel:
     horizon: int = 30
     start_s: float = 25.0
     window_s: float = 4.0
+    hit: float = 0.0
+    """Share of windows slowed by outside load."""
+    slowdown: tuple[float, float] = (0.5, 0.8)
+    """The factor a hit window's throughput is multiplied by, drawn uniformly from this range."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,9 @@ def run_round(scn: Scenario, noise: NoiseModel, current: Round, rng: np.random.G
         effect = math.exp(rng.normal(0, noise.start_sd)) if noise.start_sd else 1.0
         drift = 1 + noise.drift * start.seq / max(1, noise.horizon)
         values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(keys))
+        if noise.hit:  # drawn only then: the other noise models keep their streams
+            hit = rng.random(len(keys)) < noise.hit
+            values[hit] *= rng.uniform(*noise.slowdown, int(hit.sum()))
         clock = noise.start_s
         for i, v in enumerate(values):
             clock += noise.window_s

@@ -20,6 +20,10 @@ Model, per point (workload x concurrency), on log output throughput:
 - A speedup is exp(contrast) with a t interval (Satterthwaite-free: V's own df), and a one-sided
   p-value for "speedup <= 1 + margin".
 
+Windows slowed by outside load (`screen_slowed`): a window far below its own start's median at
+the point, on a robust scale pooled over the point's starts, is left out of the start (one-sided;
+never a start's fastest window).
+
 Error control (what `analysis` applies, see DESIGN.md "Deciding"):
 - Grid sweeps: Holm over the whole deployment's family (every class x band x candidate) at
   alpha = (1 - confidence) / 2, one-sided.
@@ -36,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -61,6 +65,8 @@ class StartWindows:
     stage: Stage
     logs: tuple[float, ...]
     """Log output throughput of each usable window."""
+    repeats: tuple[int, ...] = ()
+    """Each window's repeat number (as `logs`; empty where the caller did not say)."""
 
     @property
     def mean(self) -> float:
@@ -278,9 +284,75 @@ def starts_by_point(rows: Iterable[tuple[str, str, int, int, int, int, Stage, fl
         groups[(w, c)][(h, start)].append((repeat, seq, stage, math.log(tput)))
     out: dict[tuple[str, int], list[StartWindows]] = {}
     for point, per in sorted(groups.items()):
-        out[point] = [StartWindows(h, start, xs[0][1], xs[0][2], tuple(x[3] for x in sorted(xs)))
-                      for (h, start), xs in sorted(per.items())]
+        out[point] = [StartWindows(h, start, xs[0][1], xs[0][2], tuple(x[3] for x in xs),
+                                   tuple(x[0] for x in xs))
+                      for (h, start), xs in ((k, sorted(v)) for k, v in sorted(per.items()))]
     return out
+
+
+SLOWED_Z = 5.0
+"""A window this many robust SDs below its start's other windows was slowed by outside load."""
+MIN_RESIDUALS = 8
+"""Residuals a point needs before its scale is trusted to call a window slowed."""
+
+
+@dataclass(frozen=True)
+class Slowed:
+    """A window its own engine start's other windows show was slowed by outside load."""
+
+    engine_hash: str
+    start: int
+    repeat: int
+    ratio: float
+    """Its throughput over the median of its start's other windows at the point."""
+    z: float
+    """Its residual from its start's median, in robust SDs (negative: slower)."""
+
+
+def screen_slowed(starts: Sequence[StartWindows]) -> tuple[list[StartWindows], list[Slowed]]:
+    """The starts of one point without the windows outside load slowed, and those windows.
+
+    Interference from outside (a background job on the host, a noisy neighbour on the node)
+    slows single windows far more than the engine's own noise moves them, and only ever slows.
+    Each window of a start with at least two is compared with the median of its start's windows
+    at the point (the start's effect cancels); the residuals of every start at the point give a
+    robust scale (the normal-consistent MAD), and a window more than `SLOWED_Z` of it below its
+    start's median is left out of the speedups. One-sided, so a start's fastest window is never
+    left out (nor, therefore, all of its windows); a point with fewer than `MIN_RESIDUALS`
+    residuals, or with no spread, is not screened. A whole
+    engine start slowed is a start effect, which the replicate model and the baseline's drift
+    check already carry."""
+    resid: list[tuple[int, int, float]] = []  # (block index, window index, residual)
+    for b, block in enumerate(starts):
+        if block.m < 2:
+            continue
+        logs = np.asarray(block.logs)
+        # against the start's median: a fast window cannot pull its neighbours' reference up
+        # (a median of the two others would be their mean)
+        resid += [(b, i, float(x)) for i, x in enumerate(logs - np.median(logs))]
+    # an odd start's middle window sits at 0 by construction: not a residual of the noise
+    spread = [r for _, _, r in resid if r != 0.0]
+    if len(spread) < MIN_RESIDUALS:
+        return list(starts), []
+    scale = float(stats.median_abs_deviation(spread, scale="normal"))
+    if not scale > 0:
+        return list(starts), []
+    drop: dict[int, set[int]] = defaultdict(set)
+    slowed = []
+    for b, i, r in resid:
+        if r < -SLOWED_Z * scale:
+            drop[b].add(i)
+            block = starts[b]
+            others = np.delete(np.asarray(block.logs), i)
+            slowed.append(Slowed(block.engine_hash, block.start,
+                                 block.repeats[i] if block.repeats else i,
+                                 math.exp(block.logs[i] - float(np.median(others))), r / scale))
+    if not drop:
+        return list(starts), []
+    out = [replace(block, logs=tuple(x for i, x in enumerate(block.logs) if i not in drop[b]),
+                   repeats=tuple(x for i, x in enumerate(block.repeats) if i not in drop[b]))
+           if b in drop else block for b, block in enumerate(starts)]
+    return out, slowed
 
 
 def filter_stage(starts: Sequence[StartWindows], stage: Stage | None) -> list[StartWindows]:

@@ -43,6 +43,8 @@ class Outcome:
     table: list[dict[str, Any]]
     revalidation: Revalidation = dataclasses.field(default_factory=Revalidation)
     """The comparison with the last sweep of the same plan and what the policy did."""
+    slowed: tuple[str, ...] = ()
+    """Windows left out of the speedups as slowed by outside load (`Analysis.slowed`)."""
 
 
 def _no_decision(ctx: Context, problems: list[str]) -> Outcome:
@@ -142,6 +144,7 @@ def decide(ctx: Context) -> Outcome:
             ctx.tracker.log_files(ctx.parent_run_id, acceptance, "profiles")
             ctx.tracker.log_summary(ctx.parent_run_id, {
                 "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
+                "windows_slowed": len(result.slowed),
                 **band_metrics(table), **predict.summary(versus), **_compare_metrics(reval)},
                 [files.report, *files.plots, *([reval.markdown] if reval.markdown else [])],
                 artifact_path="report")
@@ -157,7 +160,8 @@ def decide(ctx: Context) -> Outcome:
                 [(p.traffic_class, _champion(p)) for p in promotions]))
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
-    return Outcome(True, problems, files.report, list(files.plots), promotions, table, reval)
+    return Outcome(True, problems, files.report, list(files.plots), promotions, table, reval,
+                   tuple(w.text() for w in result.slowed))
 
 
 def write_profiles(ctx: Context) -> list[Path]:
@@ -244,6 +248,7 @@ def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
                         "version": p.version, "path": str(p.path)} for p in outcome.promotions],
         "table": outcome.table,
         "windows": len(entries), "ok": sum(e.measurement.ok for e in entries),
+        "slowed": list(outcome.slowed),
         "unlogged": sum(not e.logged for e in entries),
         "tracking_uri": ctx.spec.tracking.uri, "tracking_error": ctx.tracking_error,
         "experiment": experiment_name(ctx.loaded), "parent_run_id": ctx.parent_run_id,

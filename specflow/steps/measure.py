@@ -6,13 +6,14 @@ from __future__ import annotations
 import socket
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from specflow.decision.aggregate import to_measure_again
 from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, run_engine
-from specflow.records.measurement import Measurement, WindowKey
+from specflow.records.measurement import AGAIN, Measurement, WindowKey
 from specflow.search import rounds
 from specflow.search.plan import EngineStart
 from specflow.spec.compile import EngineConfig
@@ -100,7 +101,9 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
             ctx.ledger.engine_started(ec.name, ec.hash, HOST, device.owned())
             summary["started"] = True
         results = run_engine(ec, ctx.spec.backend, todo, ctx.workdir / "runs", skip=finished,
-                             tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model)
+                             tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model,
+                             again=(_slowed_again(ctx, ec, windows, start)
+                                    if start is not None else None))
     t0 = time.monotonic()
     for m in results:
         m = replace(m, prompt_hash=m.prompt_hash or ctx.datasets[m.key.workload].prompt_hash,
@@ -113,6 +116,22 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
         if on_window is not None:
             on_window(m)
     return summary
+
+
+def _slowed_again(ctx: Context, ec: EngineConfig, windows: Sequence[Window], start: EngineStart
+                  ) -> Callable[[Sequence[Measurement]], list[Window]]:
+    """What a racing start measures once more before its engine stops: each of its planned
+    windows that outside load slowed (`decision.aggregate.to_measure_again` on the sweep's
+    records, this start's windows among them: the caller records each before the next)."""
+    planned = {(w.workload, w.concurrency, w.repeat): w for w in windows}
+
+    def pick(measured: Sequence[Measurement]) -> list[Window]:
+        if not any(m.ok for m in measured):
+            return []
+        again = to_measure_again(plan_measurements(ctx), ec.hash, start.start)
+        return [replace(planned[p], repeat=p[2] + AGAIN) for p in again if p in planned]
+
+    return pick
 
 
 def measure(ctx: Context, engine_hash: str, on_window: OnWindow | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ from specflow.engine.server import (
     served_model_name,
     tokenizer_of,
 )
-from specflow.records.measurement import Measurement
+from specflow.records.measurement import AGAIN, Measurement
 from specflow.spec.compile import EngineConfig
 from specflow.spec.memory import headroom
 from specflow.spec.schema import EndpointBackend, LocalBackend
@@ -316,15 +316,25 @@ def baseline(setup: dict[str, Any]) -> dict[str, Any]:
     long = _long_prompts(setup["work"])
     repeats = [_window(setup, workload="long", dataset=long, num_prompts=LONG_PROMPTS,
                        max_tokens=2, concurrency=1, repeat=r) for r in (0, 1)]
-    runs = run_engine(base, setup["backend"], [*windows, *repeats], setup["work"])
+    asked: list[list[str]] = []
+
+    def again(measured: Sequence[Measurement]) -> list[Window]:
+        """As a racing start does for a window outside load slowed: the c=1 window once more
+        (warm-up requests asked for, which the warm engine must not run)."""
+        asked.append([m.key.id for m in measured])
+        return [replace(windows[1], repeat=AGAIN)]
+
+    runs = run_engine(base, setup["backend"], [*windows, *repeats], setup["work"], again=again)
     ms = [next(runs) for _ in range(len(windows) + len(repeats))]
     try:  # the engine is still up: the generator waits after its last window
+        assert asked == []  # asked only once every planned window is measured and consumed
         prompt = json.loads(long.read_text().splitlines()[0])["prompt"]
         unsalted = _prefix_hits_unsalted(_record(ms[0])["base_url"], prompt)
     finally:
-        rest = list(runs)  # the engine stops
-    assert rest == []
-    return {"bad-path": bad_ms, "baseline": ms[:2], "long": ms[2:], "unsalted_hits": unsalted}
+        rest = list(runs)  # the window measured again, then the engine stops
+    assert asked == [[m.key.id for m in ms]]
+    return {"bad-path": bad_ms, "baseline": ms[:2], "long": ms[2:], "unsalted_hits": unsalted,
+            "again": rest}
 
 
 LONG_PROMPTS = 2
@@ -506,6 +516,14 @@ def test_baseline_runs_all_windows_on_one_engine(baseline: dict[str, list[Measur
         assert len(m.requests) == PROMPTS and all(
             r.spec_steps is None and r.latency_s > r.ttft_s > 0 for r in m.requests)
     assert ms[0].prompt_hash == ms[1].prompt_hash
+    # the window measured again in a slowed one's place: on the same engine start, numbered
+    # AGAIN + its repeat, without a warm-up, before the engine stopped
+    (again,) = baseline["again"]
+    again = _ok(again)
+    assert again.key == replace(ms[1].key, repeat=AGAIN)
+    assert again.artifacts["engine_record"] == ms[1].artifacts["engine_record"]
+    assert "warmup_log" not in again.artifacts and "warmup_log" in ms[1].artifacts
+    assert again.output_digests == ms[1].output_digests and again.completed == PROMPTS
 
 
 @pytest.mark.engine

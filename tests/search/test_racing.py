@@ -10,18 +10,29 @@ import numpy as np
 import pytest
 
 from specflow.champions import promote
+from specflow.decision.aggregate import to_measure_again
 from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis
-from specflow.records.measurement import Measurement
+from specflow.records.measurement import AGAIN, Measurement
 from specflow.results.console import round_lines
-from specflow.results.report import rounds_table
+from specflow.results.report import rounds_table, write_report
 from specflow.search import rounds, simulate
 from specflow.search.plan import final_rules, look_futility
 from specflow.search.schedules import measured_schedules
 from specflow.spec.compile import with_schedule
 from specflow.spec.schema import BudgetSpec, PromoteSpec
+from specflow.stats import replicates
 from specflow.stats.multiplicity import holm
-from specflow.stats.replicates import Stage, StartWindows, baseline_weights, contrast, start_noise
+from specflow.stats.replicates import (
+    MIN_RESIDUALS,
+    SLOWED_Z,
+    Stage,
+    StartWindows,
+    baseline_weights,
+    contrast,
+    screen_slowed,
+    start_noise,
+)
 from tests.builders import engine
 
 FAST = PromoteSpec(bootstrap_samples=100)
@@ -81,6 +92,31 @@ def test_engine_starts_are_the_replicate_unit() -> None:
     assert not unreplicated.replicated
 
 
+def test_a_window_slowed_by_outside_load_is_screened_one_sided() -> None:
+    """Nine starts of three windows at one point, CV ~1%: the window at 0.7x its start's others
+    is the only one left out; a fast window never is (outside load only slows), nor the last
+    window of a start; too few residuals, or none with spread, screen nothing."""
+    rng = np.random.default_rng(0)
+    blocks = [_start(f"h{i}", i, list(100 * (1 + 0.01 * rng.standard_normal(3))))
+              for i in range(9)]
+    slow = dataclasses.replace(blocks[4], logs=(blocks[4].logs[0] + math.log(0.7),
+                                                *blocks[4].logs[1:]), repeats=(0, 1, 2))
+    fast = dataclasses.replace(blocks[6], logs=(blocks[6].logs[0] + math.log(1.5),
+                                                *blocks[6].logs[1:]))
+    kept, slowed = screen_slowed([*blocks[:4], slow, blocks[5], fast, *blocks[7:]])
+    assert [(w.engine_hash, w.start, w.repeat) for w in slowed] == [("h4", 0, 0)]
+    assert slowed[0].ratio == pytest.approx(0.7, abs=0.03) and slowed[0].z < -SLOWED_Z
+    assert kept[4].logs == slow.logs[1:] and kept[4].repeats == (1, 2)
+    assert kept[6] == fast and [b.m for b in kept] == [3] * 4 + [2] + [3] * 4
+    # every window of a start slowed is that start's effect, not a window's: kept
+    whole = dataclasses.replace(blocks[4], logs=tuple(x + math.log(0.7) for x in blocks[4].logs))
+    assert screen_slowed([*blocks[:4], whole, *blocks[5:]])[1] == []
+    few = [blocks[0], dataclasses.replace(slow, engine_hash="h1")]
+    assert MIN_RESIDUALS > 2 * 3 and screen_slowed(few) == (few, [])
+    flat = [_start(f"h{i}", i, [100.0, 100.0, 70.0 if i == 0 else 100.0]) for i in range(9)]
+    assert screen_slowed(flat)[1] == []  # no spread: no scale to call anything slowed by
+
+
 def test_holm_steps_down() -> None:
     assert holm([0.01, 0.04, 0.03, 0.005], 0.05) == [True, False, False, True]
     assert holm([0.001, 0.012, 0.03], 0.05) == [True, True, True]
@@ -119,6 +155,78 @@ def test_a_true_gain_is_selected_then_confirmed_on_fresh_starts() -> None:
     # the rounds spent engine starts only on what could still win
     assert len({s.engine_hash for s in prog.rounds[0].starts}) == 9
     assert all(s.engine_hash in ("c3", "base") for s in prog.rounds[-1].starts)
+
+
+def test_windows_slowed_by_outside_load_neither_sink_a_winner_nor_are_lost(tmp_path,
+                                                                         monkeypatch) -> None:
+    """A true +10% at CV 3%, then one window at every point of every confirmation start of the
+    winner slowed to 0.6x (a background job on the host). Read without the screen, the winner
+    falls below the margin; with it, exactly those windows (and a handful of the noise's own
+    tail, under 1% of windows) are left out and named in the analysis and the report, the
+    rounds replay to the same plan and states, and the winner is promoted. The records keep
+    every window: the slowed ones still count as repeats."""
+    scn = simulate.scenario("race", gains={3: 1.10})
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.01), FAST, 0)
+    assert _winners(_decide(scn, prog, ms)) == {"c3"}
+    hit = {m.key.id for m in ms if m.key.engine_hash == "c3" and m.stage == "confirm"
+           and m.key.repeat == 0}
+    assert len(hit) >= 40
+    slowed_ms = [dataclasses.replace(m, output_throughput=0.6 * m.output_throughput)
+                 if m.key.id in hit else m for m in ms]
+    again = rounds.replay(scn.shape, FAST, slowed_ms)
+    assert again.current is None
+    assert [r.starts for r in again.rounds] == [r.starts for r in prog.rounds]
+    assert {k: b.status for k, b in again.states.items()} == {
+        k: b.status for k, b in prog.states.items()} == dict.fromkeys(prog.states, "confirmed")
+    result = _decide(scn, again, slowed_ms)
+    assert _winners(result) == {"c3"}
+    named = {(w.engine_hash, w.workload, w.concurrency, w.start, w.repeat)
+             for w in result.slowed}
+    injected = {(m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start,
+                 m.key.repeat) for m in slowed_ms if m.key.id in hit}
+    assert injected <= named and len(named - injected) < 0.01 * len(ms)
+    assert all(w.ratio < 0.8 for w in result.slowed if (
+        w.engine_hash, w.workload, w.concurrency, w.start, w.repeat) in injected)
+    repeats = {(p.engine_hash, p.workload, p.concurrency): p.n_ok for p in result.points}
+    assert repeats == {(p.engine_hash, p.workload, p.concurrency): p.n_ok
+                       for p in _decide(scn, prog, ms).points}
+    files = write_report(result, tmp_path, rounds=again.rounds, measurements=slowed_ms)
+    text = files.report.read_text()
+    assert "### Excluded windows" in text and "Slowed by outside load" in text
+    first = min(s for _, w, c, s, _ in injected if (w, c) == ("w0", 1))
+    assert f"| {scn.engines['c3'].name} | w0 | 1 | {first} | 0 | 0.6" in text
+    assert f"Windows slowed by outside load, left out of the speedups: {len(named)}" in text
+    # what a racing start measures once more before its engine stops: its own slowed windows,
+    # once (a window measured again in a slowed one's place is numbered AGAIN + its repeat)
+    start = min(k[3] for k in injected)
+    todo = to_measure_again(slowed_ms, "c3", start)
+    assert {("c3", w, c, start, r) for w, c, r in todo} == {k for k in injected if k[3] == start}
+    redone = [dataclasses.replace(m, key=dataclasses.replace(m.key, repeat=m.key.repeat + AGAIN),
+                                  output_throughput=m.output_throughput / 0.6)
+              for m in slowed_ms if m.key.id in hit and m.key.start == start]
+    assert to_measure_again([*slowed_ms, *redone], "c3", start) == []
+    with_again = _decide(scn, again, [*slowed_ms, *redone])
+    assert {w.again for w in with_again.slowed if w.start == start
+            and w.engine_hash == "c3"} == {AGAIN}
+    text = write_report(with_again, tmp_path / "again", rounds=again.rounds,
+                        measurements=[*slowed_ms, *redone]).report.read_text()
+    assert f"| {scn.engines['c3'].name} | w0 | 1 | {start} | 0 | 0.6" in text
+    assert "| repeat 1000 |" in text
+    monkeypatch.setattr(replicates, "SLOWED_Z", math.inf)  # the same records, unscreened
+    assert _winners(_decide(scn, again, slowed_ms)) == set()
+
+
+def test_a_race_under_outside_load_still_concludes() -> None:
+    """5% of windows slowed to 0.5-0.8x at random (the bench's interference model), CV 3%:
+    the race still promotes a true +10% and concludes off where nothing helps."""
+    for gains, status in (({3: 1.10}, "confirmed"), ({}, "off")):
+        scn = simulate.scenario("race", gains=gains)
+        noise = simulate.NoiseModel(cv=0.03, start_sd=0.01, hit=0.05)
+        prog, ms = simulate.run_sweep(scn, noise, FAST, 0)
+        assert {b.status for b in prog.states.values()} == {status}, gains
+        result = _decide(scn, prog, ms)
+        assert _winners(result) == ({"c3"} if gains else set())
+        assert len(result.slowed) > 0.02 * len(ms)
 
 
 def test_a_a_race_concludes_off_and_off_is_promoted(tmp_path) -> None:
