@@ -21,6 +21,13 @@ roughly halves a window's throughput; on a GPU node, a co-tenant's CPU-bound job
 saturating the host's PCIe or memory bandwidth slows the scheduler and sampling steps alike).
 A whole engine start slowed is the start effect above. `power_interference_cv3_gain10` is the
 +10% row's power.
+Other shapes: "split" (c3 +10% at level 1, -10% at level 8; right: c3 at level 1, off at level
+8; a promotion at level 8 counts as wrong), "tied" (c3 +10% and c5 +9%, one N apart on the same
+drafter; either is right). Cost profiles: "cpu" (above) and "gpu" (an 8B target on one H200:
+engine start ~90 s, window ~20 s; `PROFILES` says where the figures come from), run on the
+CV 3%/10% A/A and +10% rows and the interference rows with the race's budget scaled by the cost
+of an engine start with its windows (4.5x). `max_false_off`: of the bands with a right winner
+(a true gain of twice the margin), the largest share concluded off in any scenario.
 
 Costs: engine start ~25 s, window ~4 s (engine-seconds), measured on this machine's CPU engine
 with the tiny demo models (`bench/runner_overhead.py`); a sweep's engine-seconds are what
@@ -102,6 +109,19 @@ COSTS = ("engine start ~25 s, window ~4 s, measured on this machine's CPU engine
          "demo models")
 GAIN_INDEX = 3
 TRUE = f"c{GAIN_INDEX}"
+TIED_INDEX = 5
+"""The near-tied winner of the "tied" scenarios: the same drafter as c3, one N larger."""
+GPU_START_S, GPU_WINDOW_S = 90.0, 20.0
+PROFILES = {"cpu": (START_S, WINDOW_S, 1.0),
+            "gpu": (GPU_START_S, GPU_WINDOW_S,
+                    (GPU_START_S + 12 * GPU_WINDOW_S) / (START_S + 12 * WINDOW_S))}
+"""(engine start s, window s, race budget scale) per cost profile. cpu: this machine's CPU
+engine with the tiny demo models. gpu: an 8B target on one H200 with CUDA graphs; the start is
+~90 s (weights from local NVMe ~15-25 s, torch.compile from its cache and CUDA graph capture
+~30-60 s, the figures vLLM's startup log reports for Llama-3.1-8B-class models), a window ~20 s
+(the demo's windows of 16-32 requests x 256 output tokens at 60-150 tokens/s per request and a
+warm-up). The race's budget is scaled by the cost of one engine start with 12 windows (3 per
+point, the race's first rounds), so it buys as many of them (x4.5)."""
 CVS = (0.03, 0.10, 0.25)
 GAINS = (0.0, 0.10, 0.25)
 KINDS: tuple[Literal["t3", "lognormal"], ...] = ("t3", "lognormal")
@@ -132,26 +152,52 @@ class Scenario:
     """False: window noise only (no start effect, no drift)."""
     hit: float = 0.0
     """Share of windows slowed by outside load (`HIT_SLOWDOWN`)."""
+    pattern: Literal["uniform", "split", "tied"] = "uniform"
+    """uniform: c3 gains `gain` at every point; split: c3 gains `gain` at level 1 and loses as
+    much at level 8; tied: c3 gains `gain` and c5 (a larger N of the same drafter) 1 point
+    less, both winners."""
+    profile: Literal["cpu", "gpu"] = "cpu"
+    """The cost profile (`PROFILES`)."""
 
     @property
     def name(self) -> str:
         extra = ("" if self.start_effect else " no-start") + (
-            f" hit{self.hit:.0%}" if self.hit else "")
+            f" hit{self.hit:.0%}" if self.hit else "") + (
+            f" {self.pattern}" if self.pattern != "uniform" else "") + (
+            f" {self.profile}" if self.profile != "cpu" else "")
         return f"{self.kind} cv{self.cv:.0%} gain{self.gain:+.0%}{extra}"
 
     @property
     def gains(self) -> dict[int, float]:
-        return {GAIN_INDEX: 1 + self.gain} if self.gain else {}
+        if not self.gain or self.pattern == "split":
+            return {}
+        if self.pattern == "tied":
+            return {GAIN_INDEX: 1 + self.gain, TIED_INDEX: 1 + self.gain - 0.01}
+        return {GAIN_INDEX: 1 + self.gain}
+
+    @property
+    def level_gains(self) -> dict[tuple[int, int], float]:
+        if self.pattern != "split" or not self.gain:
+            return {}
+        return {(GAIN_INDEX, 1): 1 + self.gain, (GAIN_INDEX, 8): 1 - self.gain}
+
+    def acceptable(self, band: int) -> frozenset[str]:
+        """The right winners of a trial's `band`-th band (classes, then bands by level: even
+        bands are level 1); empty: the right answer is off."""
+        if not self.gain or (self.pattern == "split" and band % 2):
+            return frozenset()
+        return frozenset({TRUE, f"c{TIED_INDEX}"} if self.pattern == "tied" else {TRUE})
 
     def noise(self, rng: np.random.Generator, horizon: int = 30) -> simulate.NoiseModel:
         """The trial's noise: the drift sign drawn from `rng`."""
+        start_s, window_s, _ = PROFILES[self.profile]
         if not self.start_effect:
             return simulate.NoiseModel(cv=self.cv, kind=self.kind, start_sd=0.0, drift=0.0,
-                                  start_s=START_S, window_s=WINDOW_S)
+                                  start_s=start_s, window_s=window_s)
         sign = 1.0 if rng.random() < 0.5 else -1.0
         return simulate.NoiseModel(cv=self.cv, kind=self.kind, start_sd=START_SD,
-                              drift=sign * DRIFT, horizon=horizon, start_s=START_S,
-                              window_s=WINDOW_S, hit=self.hit, slowdown=HIT_SLOWDOWN)
+                              drift=sign * DRIFT, horizon=horizon, start_s=start_s,
+                              window_s=window_s, hit=self.hit, slowdown=HIT_SLOWDOWN)
 
 
 @dataclass(frozen=True)
@@ -163,6 +209,8 @@ class Trial:
     """Bands left unresolved (race) or refused (tune)."""
     engine_s: float
     error: str = ""
+    unresolved_at: tuple[bool, ...] = ()
+    """Per band (as `promoted`): left unresolved (race, uniform) or refused (tune)."""
 
 
 def code_version() -> dict[str, str]:
@@ -214,20 +262,24 @@ def _split(ms: Sequence[Measurement], baseline: str
     return opening, later
 
 
-def _promoted(result: Analysis) -> tuple[tuple[str | None, ...], int]:
-    winners, unresolved = [], 0
+def _decided(result: Analysis, spent: float) -> Trial:
+    """Per band (classes, then bands by level): the promoted engine hash, and whether the band
+    was left unresolved."""
+    winners, unresolved = [], []
     for r in sorted(result.classes, key=lambda r: r.traffic_class):
         for d in sorted(r.decisions, key=lambda d: d.band.lo):
             winners.append(d.winner.engine_hash if d.winner is not None else None)
-            unresolved += d.outcome == "unresolved"
-    return tuple(winners), unresolved
+            unresolved.append(d.outcome == "unresolved")
+    return Trial(tuple(winners), sum(unresolved), spent, unresolved_at=tuple(unresolved))
 
 
 def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     scn, seed, trial, budget = args
     rng = _rng(seed, scn, "race", trial)
     noise = scn.noise(rng)
-    sim = simulate.scenario("race", gains=scn.gains, budget=BudgetSpec(engine_seconds=budget))
+    budget *= PROFILES[scn.profile][2]
+    sim = simulate.scenario("race", gains=scn.gains, level_gains=scn.level_gains,
+                            budget=BudgetSpec(engine_seconds=budget))
     _MEMO.clear()
     prog, ms = simulate.run_sweep(sim, noise, PROMOTE, seed=int(rng.integers(2**62)))
     _MEMO.clear()
@@ -240,8 +292,7 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
         result = analyze(opening, final_rules(PROMOTE), closing_baseline=later, race=prog.states)
     except AnalysisError as exc:
         return Trial((), 0, spent, str(exc)[:200])
-    winners, unresolved = _promoted(result)
-    return Trial(winners, unresolved, spent)
+    return _decided(result, spent)
 
 
 def _fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
@@ -265,7 +316,7 @@ def _fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
 def uniform_trial(args: tuple[Scenario, int, int, int]) -> Trial:
     scn, seed, trial, k = args
     rng = _rng(seed, scn, "uniform", trial, k)
-    sim = simulate.scenario("grid", gains=scn.gains)
+    sim = simulate.scenario("grid", gains=scn.gains, level_gains=scn.level_gains)
     plan = _fixed_round(sim.shape, k, closing=True)
     noise = scn.noise(rng, horizon=len(plan.starts))
     ms = simulate.run_round(sim, noise, plan, rng)
@@ -275,8 +326,7 @@ def uniform_trial(args: tuple[Scenario, int, int, int]) -> Trial:
         result = analyze(opening, PROMOTE, closing_baseline=later, family="holm")
     except AnalysisError as exc:
         return Trial((), 0, spent, str(exc)[:200])
-    winners, unresolved = _promoted(result)
-    return Trial(winners, unresolved, spent)
+    return _decided(result, spent)
 
 
 def _mad_score(x: Sequence[float]) -> tuple[float, float]:
@@ -289,13 +339,14 @@ def _mad_score(x: Sequence[float]) -> tuple[float, float]:
 def tune_trial(args: tuple[Scenario, int, int]) -> Trial:
     scn, seed, trial = args
     rng = _rng(seed, scn, "tune", trial)
-    sim = simulate.scenario("grid", gains=scn.gains, repeats=TUNE_REPEATS, closing_repeats=0)
+    sim = simulate.scenario("grid", gains=scn.gains, level_gains=scn.level_gains,
+                            repeats=TUNE_REPEATS, closing_repeats=0)
     plan = _fixed_round(sim.shape, 1, closing=False)
     noise = scn.noise(rng, horizon=len(plan.starts))
     ms = simulate.run_round(sim, noise, plan, rng)
     bands, _, _ = bands_for(PROMOTE, sim.shape.concurrency)
     winners: list[str | None] = []
-    refused = 0
+    refused: list[bool] = []
     for cls in sorted(set(sim.shape.workloads.values())):
         for band in bands:
             tput: dict[str, list[float]] = {}
@@ -303,13 +354,14 @@ def tune_trial(args: tuple[Scenario, int, int]) -> Trial:
                 if m.traffic_class == cls and m.key.concurrency in band:
                     tput.setdefault(m.key.engine_hash, []).append(m.output_throughput)
             scores = {h: _mad_score(x) for h, x in tput.items()}
-            if scores[sim.shape.baseline][1] > TUNE_REFUSE:
-                refused += 1
+            refused.append(scores[sim.shape.baseline][1] > TUNE_REFUSE)
+            if refused[-1]:
                 winners.append(None)
                 continue
             best = max([sim.shape.baseline, *sim.shape.candidates], key=lambda h: scores[h][0])
             winners.append(None if best == sim.shape.baseline else best)
-    return Trial(tuple(winners), refused, spent_by(ms).engine_seconds)
+    return Trial(tuple(winners), sum(refused), spent_by(ms).engine_seconds,
+                 unresolved_at=tuple(refused))
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,6 +380,8 @@ class Figures:
     errors: int
     off_band: float = 0.0
     """Bands concluded "off": neither promoted nor left unresolved (refused, for tune)."""
+    false_off_band: float = 0.0
+    """Of the bands with a right winner, those concluded off."""
     false_count: int = 0
     wrong_count: int = 0
     k: int | None = None
@@ -340,24 +394,35 @@ def figures(scn: Scenario, trials: Sequence[Trial], k: int | None = None,
     n = max(1, len(ok))
     bands = max(1, sum(len(t.promoted) for t in ok))
     any_promoted = sum(any(w is not None for w in t.promoted) for t in ok)
-    wrong = sum(any(w not in (None, TRUE) for w in t.promoted) for t in ok)
+    wrong = sum(_wrong(scn, t) for t in ok)
     aa = scn.gain == 0
     promoted_bands = sum(w is not None for t in ok for w in t.promoted)
     unresolved = sum(t.unresolved for t in ok)
+    winning = [(w, acc) for t in ok for i, w in enumerate(t.promoted)
+               if (acc := scn.acceptable(i))]
     return Figures(
         trials=len(trials),
         false_promotion=any_promoted / n if aa else None,
-        power=None if aa else sum(bool(t.promoted) and all(w == TRUE for w in t.promoted)
-                                  for t in ok) / n,
-        power_band=None if aa else sum(w == TRUE for t in ok for w in t.promoted) / bands,
+        power=None if aa else sum(bool(t.promoted) and all(
+            w in acc for i, w in enumerate(t.promoted) if (acc := scn.acceptable(i)))
+            for t in ok) / n,
+        power_band=None if aa else sum(w in acc for w, acc in winning) / max(1, len(winning)),
         wrong=None if aa else wrong / n,
         unresolved_band=unresolved / bands,
         engine_s=float(np.mean([t.engine_s for t in trials])) if trials else 0.0,
         errors=len(trials) - len(ok),
         off_band=(bands - unresolved - promoted_bands) / bands if ok else 0.0,
+        false_off_band=sum(w is None and not t.unresolved_at[i] for t in ok
+                           for i, w in enumerate(t.promoted) if scn.acceptable(i))
+        / max(1, len(winning)),
         false_count=any_promoted if aa else 0,
         wrong_count=0 if aa else wrong,
         k=k, k_reached=k_reached)
+
+
+def _wrong(scn: Scenario, t: Trial) -> bool:
+    """A band promoted what is not one of its right winners (or anything where off is right)."""
+    return any(w is not None and w not in scn.acceptable(i) for i, w in enumerate(t.promoted))
 
 
 def wilson_hi(x: int, n: int, z: float = 1.96) -> float:
@@ -425,6 +490,11 @@ def main() -> int:
     full = [Scenario(kind, cv, g) for kind in kinds for cv in cvs for g in GAINS]
     bare = [Scenario(kind, cv, 0.10, start_effect=False) for kind in kinds for cv in (0.03, 0.10)]
     hit = [Scenario(kind, 0.03, g, hit=HIT) for kind in kinds for g in (0.0, 0.10)]
+    split = [Scenario(kind, cv, 0.10, pattern="split") for kind in kinds for cv in (0.03, 0.10)]
+    tied = [Scenario(kind, 0.03, 0.10, pattern="tied") for kind in kinds]
+    gpu = [Scenario(kind, cv, g, profile="gpu") for kind in kinds for cv in (0.03, 0.10)
+           for g in (0.0, 0.10)] + [Scenario(kind, 0.03, g, hit=HIT, profile="gpu")
+                                    for kind in kinds for g in (0.0, 0.10)]
     t0 = time.perf_counter()
     print(f"decision quality: {trials} trials per scenario (uniform search: {u_trials} per k), "
           f"seed {args.seed}, {args.workers} worker processes")
@@ -439,7 +509,7 @@ def main() -> int:
                              initargs=(not args.no_memo,)) as ex:
         pool = ex.map
         # Race
-        scns = [*full, *bare, *hit]
+        scns = [*full, *bare, *hit, *split, *tied, *gpu]
         tasks = [(s, args.seed, i, args.budget) for s in scns for i in range(trials)]
         out = run_all(pool, race_trial, tasks)
         race = {s: figures(s, out[j * trials:(j + 1) * trials]) for j, s in enumerate(scns)}
@@ -519,7 +589,7 @@ def main() -> int:
           "budget))):")
     for s in scns:
         bad = [(i, t.promoted) for i, t in enumerate(race_trials[s])
-               if any(w not in (None, TRUE) if s.gain else w is not None for w in t.promoted)]
+               if _wrong(s, t)]
         if bad:
             print(f"  {s.name:<30} " + ", ".join(f"trial {i} {list(p)}" for i, p in bad[:8])
                   + (f" (+{len(bad) - 8} more)" if len(bad) > 8 else ""))
@@ -549,10 +619,11 @@ def main() -> int:
               f"{p['race_engine_s'] / p['u80_engine_s']:.2f} of U80, wrong "
               f"{_pct(p['race_wrong'])}, unresolved/band {_pct(p['race_unresolved_band'])}")
 
-    def by(cv: float, gain: float, start_effect: bool = True, hit: float = 0.0
-           ) -> list[Scenario]:
+    def by(cv: float, gain: float, start_effect: bool = True, hit: float = 0.0,
+           pattern: str = "uniform", profile: str = "cpu") -> list[Scenario]:
         return [s for s in scns if s.cv == cv and s.gain == gain
-                and s.start_effect == start_effect and s.hit == hit]
+                and s.start_effect == start_effect and s.hit == hit and s.pattern == pattern
+                and s.profile == profile]
 
     aa_rows = [s for s in scns if not s.gain]
     max_false = max(race[s].false_promotion or 0.0 for s in aa_rows)
@@ -575,9 +646,28 @@ def main() -> int:
     off3 = min(race[s].off_band for s in by(0.03, 0.0))
     off10 = min(race[s].off_band for s in by(0.10, 0.0))
     big = [s for s in scns if s.gain >= 2 * PROMOTE.margin]
-    worst_off = max(big, key=lambda s: race[s].off_band)
-    false_off = race[worst_off].off_band
+    worst_off = max(big, key=lambda s: race[s].false_off_band)
+    false_off = race[worst_off].false_off_band
     resolved3 = min(1 - race[s].unresolved_band for s in by(0.03, 0.10))
+
+    def worst(rows: Sequence[Scenario], f: Callable[[Figures], float | None]) -> float:
+        return min(f(race[s]) or 0.0 for s in rows)
+
+    # the other shapes and the GPU cost profile: the same figures, on their own rows
+    split_right = worst([s for s in scns if s.pattern == "split"], lambda f: f.power)
+    tied_power = worst([s for s in scns if s.pattern == "tied"], lambda f: f.power)
+    gpu_figures = {
+        "power_cv3_gain10": worst(by(0.03, 0.10, profile="gpu"), lambda f: f.power),
+        "power_cv10_gain10_at_default_budget": worst(by(0.10, 0.10, profile="gpu"),
+                                                     lambda f: f.power),
+        "off_resolved_cv3": worst(by(0.03, 0.0, profile="gpu"), lambda f: f.off_band),
+        "off_resolved_cv10": worst(by(0.10, 0.0, profile="gpu"), lambda f: f.off_band),
+        "resolved_cv3_gain10": worst(by(0.03, 0.10, profile="gpu"),
+                                     lambda f: 1 - f.unresolved_band),
+        "power_interference_cv3_gain10": worst(by(0.03, 0.10, hit=HIT, profile="gpu"),
+                                               lambda f: f.power),
+        "engine_s_cv3_gain10": max(race[s].engine_s for s in by(0.03, 0.10, profile="gpu")),
+    }
 
     print("\ntargets (race; powers are the worse of the two noise kinds):")
     checks = [
@@ -610,9 +700,23 @@ def main() -> int:
          "windows slowed by outside load", p3_hit >= TARGETS["power_interference"],
          f"{p3_hit:.1%} (A/A beside it: off/band "
          f"{min(race[s].off_band for s in by(0.03, 0.0, hit=HIT)):.1%})"),
+        ("gpu_profile", "the GPU cost profile meets the CPU profile's targets (CV 3% power and "
+         "resolution, off at CV 3% and 10%, interference)",
+         gpu_figures["power_cv3_gain10"] >= TARGETS["power_cv3"]
+         and gpu_figures["resolved_cv3_gain10"] >= TARGETS["resolved_cv3_gain10"]
+         and gpu_figures["off_resolved_cv3"] >= TARGETS["off_resolved_cv3"]
+         and gpu_figures["off_resolved_cv10"] >= TARGETS["off_resolved_cv10"]
+         and gpu_figures["power_interference_cv3_gain10"] >= TARGETS["power_interference"],
+         ", ".join(f"{k} {v:.1%}" if k != "engine_s_cv3_gain10" else f"{k} {v:.0f}"
+                   for k, v in gpu_figures.items())),
     ]
     for _, what, met, detail in checks:
         print(f"  [{'met' if met else 'NOT MET'}] {what}: {detail}")
+    print(f"\nother shapes (race, CPU profile): a gain at level 1 and a loss at level 8 ('split'):"
+          f" both right (c3 at level 1, off at level 8) in {split_right:.1%} of sweeps; two "
+          f"near-tied winners ('tied', c3 +10% and c5 +9%): one of them promoted in every band "
+          f"in {tied_power:.1%}; wrong candidate or a promotion where off is right: counted in "
+          "'wrong' above")
     print(f"\nwall time {wall:.0f} s")
 
     per = {
@@ -636,6 +740,11 @@ def main() -> int:
         "max_false_off": false_off,
         "resolved_cv3_gain10": resolved3,
         "power_interference_cv3_gain10": p3_hit,
+        "split_right": split_right,
+        "tied_power": tied_power,
+        "gpu": gpu_figures,
+        "profiles": {k: {"start_s": v[0], "window_s": v[1], "budget_scale": v[2]}
+                     for k, v in PROFILES.items()},
         "cv10_protocol": {s.name: p for s, p in protocol.items()},
         "trials": trials,
         "uniform_trials": u_trials,

@@ -328,18 +328,36 @@ def _off_reasons(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
 
 
 def _open_why(still_open: Sequence[Verdict], promote: PromoteSpec) -> str:
-    """An undecided band in one line: its open candidates' best estimate and what settles it."""
-    best = max(still_open, key=lambda v: v.worst.speedup.value if v.worst else 0.0)
+    """An undecided band in one line: its open candidates, and its leader (`_leader`)."""
     names = ", ".join(v.engine for v in still_open)
+    lead = _leader(still_open, promote)
+    return f"{names} neither shown to win nor ruled out" + (f"; {lead}" if lead else "")
+
+
+def _leader(still_open: Sequence[Verdict], promote: PromoteSpec) -> str:
+    """An undecided band's best open candidate: its estimate, how likely it clears the margin
+    (1 - its one-sided p-value at its worst point: a confidence on the data so far, before any
+    correction for its selection), what holds meanwhile, and the starts that would settle it."""
+    best = max(still_open, key=lambda v: v.worst.speedup.value if v.worst else 0.0)
     if best.worst is None:
-        return f"{names} neither shown to win nor ruled out"
+        return ""
     e = best.worst.speedup
     need = starts_needed(best.worst, 1 + promote.margin, promote.confidence)
     settle = (f"about {need} engine starts per side would settle {best.engine}" if need
               else f"more engine starts would rule {best.engine} out")
-    return (f"{names} neither shown to win nor ruled out; best {best.engine} {e.value:.3f} "
-            f"[{e.lo:.3f}, {e.hi:.3f}] at {best.worst.workload} c={best.worst.concurrency}; "
-            f"{settle}")
+    return (f"best {best.engine} {e.value:.3f} [{e.lo:.3f}, {e.hi:.3f}] at "
+            f"{best.worst.workload} c={best.worst.concurrency}, clearing {1 + promote.margin:.3f}"
+            f" with {_pct(1 - band_p_value(best))} confidence so far; meanwhile the class keeps "
+            f"its champion; {settle}")
+
+
+def _pct(x: float) -> str:
+    """A confidence in words that never rounds a near-certainty to 100% or a long shot to 0%."""
+    if x >= 0.995:
+        return ">99%"
+    if x < 0.005:
+        return "<1%"
+    return f"{x:.0%}"
 
 
 def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
@@ -356,6 +374,9 @@ def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
     else:
         # off is concluded only when every candidate is ruled out
         still_open = [v for v in verdicts if v.outcome == "open"]
+        if still_open and unresolved:  # the race's why (budget, looks): and its leader
+            lead = _leader(still_open, inputs.promote)
+            unresolved += f"; {lead}" if lead else ""
         unresolved = (unresolved or _open_why(still_open, inputs.promote)) if still_open else ""
         reasons = (f"unresolved: {unresolved}",) if unresolved else _off_reasons(verdicts)
         candidates = (*sorted(eligible, key=_tie_key), *rejected)

@@ -165,6 +165,9 @@ def test_an_open_candidate_leaves_its_band_unresolved_and_says_what_settles_it(
     assert (v.outcome, open_band.outcome, open_band.winner) == ("open", "unresolved", None)
     assert "eagle3-n3 neither shown to win nor ruled out; best eagle3-n3 " in open_band.unresolved
     assert "engine starts per side would settle eagle3-n3" in open_band.unresolved
+    clears = 1 - max(s.p_value for s in v.speedups)
+    assert (f"clearing 1.050 with {clears:.0%} confidence so far; meanwhile the class keeps its "
+            "champion;") in open_band.unresolved, open_band.unresolved
     (loser,) = off_band.candidates
     assert (loser.outcome, off_band.outcome) == ("ruled out", "off")
     rows = decision_rows(r)

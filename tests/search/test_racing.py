@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -284,6 +285,14 @@ def test_an_unresolved_band_is_never_promoted(tmp_path) -> None:
     result = _decide(scn, prog, ms)
     assert _winners(result) == set()
     assert {d.outcome for r in result.classes for d in r.decisions} == {"unresolved"}
+    for d in (d for r in result.classes for d in r.decisions):
+        # the budget's why, then the band's leader: its estimate, how likely it clears the
+        # margin, what holds meanwhile and the starts that would settle it
+        assert d.unresolved.startswith("budget spent: the next round needs "), d.unresolved
+        assert re.search(r"; best \S+ \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] at w\d c=\d+, "
+                         r"clearing 1\.050 with (<1|>99|\d{1,2})% confidence so far; meanwhile "
+                         r"the class keeps its champion; (about \d+ engine starts per side would "
+                         r"settle|more engine starts would rule) ", d.unresolved), d.unresolved
     engines = {h: engine(e.name, e.method if e.method != "none" else "none", e.n)
                for h, e in scn.engines.items()}
     spec = FAST.model_copy(update={"output_dir": str(tmp_path)})
