@@ -62,16 +62,16 @@ def screened_starts(measurements: Iterable[Measurement]
     blocks = starts_by_point(
         (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start, m.key.repeat, m.seq,
          m.stage, m.output_throughput) for m in ms)
-    slowed: list[SlowedWindow] = []
     ids = {m.key.id for m in ms}
-    for (w, c), starts in blocks.items():
-        blocks[(w, c)], found = screen_slowed(starts)
-        for s in found:
-            again = WindowKey(s.engine_hash, w, c, s.repeat + AGAIN, s.start)
-            slowed.append(SlowedWindow(s.engine_hash, names[s.engine_hash], w, c, s.start,
-                                       s.repeat, s.ratio, s.z,
-                                       again.repeat if again.id in ids else None))
-    return blocks, slowed
+    kept, found = screen_slowed(blocks)
+    slowed = []
+    for s in found:
+        (w, c) = s.point
+        again = WindowKey(s.engine_hash, w, c, s.repeat + AGAIN, s.start)
+        slowed.append(SlowedWindow(s.engine_hash, names[s.engine_hash], w, c, s.start,
+                                   s.repeat, s.ratio, s.z,
+                                   again.repeat if again.id in ids else None))
+    return kept, slowed
 
 
 def to_measure_again(measurements: Iterable[Measurement], engine_hash: str, start: int

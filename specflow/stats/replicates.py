@@ -21,8 +21,8 @@ Model, per point (workload x concurrency), on log output throughput:
   p-value for "speedup <= 1 + margin".
 
 Windows slowed by outside load (`screen_slowed`): a window far below its own start's median at
-the point, on a robust scale pooled over the point's starts, is left out of the start (one-sided;
-never a start's fastest window).
+the point, on a robust scale (the larger of the point's and its config's), is left out of the
+start (one-sided; never a start's fastest window).
 
 Error control (what `analysis` applies, see DESIGN.md "Deciding"):
 - Grid sweeps: Holm over the whole deployment's family (every class x band x candidate) at
@@ -300,6 +300,7 @@ MIN_RESIDUALS = 8
 class Slowed:
     """A window its own engine start's other windows show was slowed by outside load."""
 
+    point: tuple[str, int]
     engine_hash: str
     start: int
     repeat: int
@@ -309,50 +310,68 @@ class Slowed:
     """Its residual from its start's median, in robust SDs (negative: slower)."""
 
 
-def screen_slowed(starts: Sequence[StartWindows]) -> tuple[list[StartWindows], list[Slowed]]:
-    """The starts of one point without the windows outside load slowed, and those windows.
+Point = tuple[str, int]
+
+
+def screen_slowed(points: Mapping[Point, Sequence[StartWindows]]
+                  ) -> tuple[dict[Point, list[StartWindows]], list[Slowed]]:
+    """The starts of every point without the windows outside load slowed, and those windows.
 
     Interference from outside (a background job on the host, a noisy neighbour on the node)
     slows single windows far more than the engine's own noise moves them, and only ever slows.
-    Each window of a start with at least two is compared with the median of its start's windows
-    at the point (the start's effect cancels); the residuals of every start at the point give a
-    robust scale (the normal-consistent MAD), and a window more than `SLOWED_Z` of it below its
-    start's median is left out of the speedups. One-sided, so a start's fastest window is never
-    left out (nor, therefore, all of its windows); a point with fewer than `MIN_RESIDUALS`
-    residuals, or with no spread, is not screened. A whole
+    Each window of a start with at least two at a point is compared with the median of its
+    start's windows there (the start's effect cancels). Its scale is the larger of two robust
+    ones (normal-consistent MAD of the residuals, which the slowed windows barely move): the
+    point's, over every config's starts there, and its config's, over every point it was
+    measured at; a window more than `SLOWED_Z` of it below its start's median is left out of the
+    speedups. The larger scale keeps a config noisier than the rest (or a noisier point) from
+    losing its ordinary slow windows, which would raise its mean; a point's scale with fewer
+    than `MIN_RESIDUALS` residuals, or a config's with fewer than twice that (or either with
+    none that differ), is not used, and a window with neither is not screened. One-sided, so a
+    start's fastest window is never left out (nor, therefore, all of its windows). A whole
     engine start slowed is a start effect, which the replicate model and the baseline's drift
     check already carry."""
-    resid: list[tuple[int, int, float]] = []  # (block index, window index, residual)
-    for b, block in enumerate(starts):
-        if block.m < 2:
-            continue
-        logs = np.asarray(block.logs)
-        # against the start's median: a fast window cannot pull its neighbours' reference up
-        # (a median of the two others would be their mean)
-        resid += [(b, i, float(x)) for i, x in enumerate(logs - np.median(logs))]
-    # an odd start's middle window sits at 0 by construction: not a residual of the noise
-    spread = [r for _, _, r in resid if r != 0.0]
-    if len(spread) < MIN_RESIDUALS:
-        return list(starts), []
-    scale = float(stats.median_abs_deviation(spread, scale="normal"))
-    if not scale > 0:
-        return list(starts), []
-    drop: dict[int, set[int]] = defaultdict(set)
+    resid: list[tuple[Point, int, int, float]] = []  # (point, block index, window index, r)
+    for point, starts in points.items():
+        for b, block in enumerate(starts):
+            if block.m >= 2:
+                logs = np.asarray(block.logs)
+                resid += [(point, b, i, float(x)) for i, x in enumerate(logs - np.median(logs))]
+    by_point: dict[Point, list[float]] = defaultdict(list)
+    by_config: dict[str, list[float]] = defaultdict(list)
+    for point, b, _, r in resid:
+        if r != 0.0:  # an odd start's middle window sits at 0 by construction
+            by_point[point].append(r)
+            by_config[points[point][b].engine_hash].append(r)
+    point_scale = {k: _robust_scale(v, MIN_RESIDUALS) for k, v in by_point.items()}
+    # a config's own scale from fewer residuals is moved too much by the slowed ones themselves
+    config_scale = {k: _robust_scale(v, 2 * MIN_RESIDUALS) for k, v in by_config.items()}
+    drop: dict[tuple[Point, int], set[int]] = defaultdict(set)
     slowed = []
-    for b, i, r in resid:
-        if r < -SLOWED_Z * scale:
-            drop[b].add(i)
-            block = starts[b]
+    for point, b, i, r in resid:
+        block = points[point][b]
+        scale = max(point_scale.get(point, 0.0), config_scale.get(block.engine_hash, 0.0))
+        if scale > 0 and r < -SLOWED_Z * scale:
+            drop[(point, b)].add(i)
             others = np.delete(np.asarray(block.logs), i)
-            slowed.append(Slowed(block.engine_hash, block.start,
+            slowed.append(Slowed(point, block.engine_hash, block.start,
                                  block.repeats[i] if block.repeats else i,
                                  math.exp(block.logs[i] - float(np.median(others))), r / scale))
-    if not drop:
-        return list(starts), []
-    out = [replace(block, logs=tuple(x for i, x in enumerate(block.logs) if i not in drop[b]),
-                   repeats=tuple(x for i, x in enumerate(block.repeats) if i not in drop[b]))
-           if b in drop else block for b, block in enumerate(starts)]
+    out = {point: [_without(block, drop[(point, b)]) if (point, b) in drop else block
+                   for b, block in enumerate(starts)] for point, starts in points.items()}
     return out, slowed
+
+
+def _robust_scale(residuals: Sequence[float], least: int) -> float:
+    """The normal-consistent MAD, or 0 below `least` residuals."""
+    if len(residuals) < least:
+        return 0.0
+    return float(stats.median_abs_deviation(residuals, scale="normal"))
+
+
+def _without(block: StartWindows, drop: set[int]) -> StartWindows:
+    return replace(block, logs=tuple(x for i, x in enumerate(block.logs) if i not in drop),
+                   repeats=tuple(x for i, x in enumerate(block.repeats) if i not in drop))
 
 
 def filter_stage(starts: Sequence[StartWindows], stage: Stage | None) -> list[StartWindows]:

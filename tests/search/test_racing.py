@@ -104,18 +104,40 @@ def test_a_window_slowed_by_outside_load_is_screened_one_sided() -> None:
                                                 *blocks[4].logs[1:]), repeats=(0, 1, 2))
     fast = dataclasses.replace(blocks[6], logs=(blocks[6].logs[0] + math.log(1.5),
                                                 *blocks[6].logs[1:]))
-    kept, slowed = screen_slowed([*blocks[:4], slow, blocks[5], fast, *blocks[7:]])
-    assert [(w.engine_hash, w.start, w.repeat) for w in slowed] == [("h4", 0, 0)]
+    p = ("w", 1)
+    kept, slowed = screen_slowed({p: [*blocks[:4], slow, blocks[5], fast, *blocks[7:]]})
+    assert [(w.point, w.engine_hash, w.start, w.repeat) for w in slowed] == [(p, "h4", 0, 0)]
     assert slowed[0].ratio == pytest.approx(0.7, abs=0.03) and slowed[0].z < -SLOWED_Z
-    assert kept[4].logs == slow.logs[1:] and kept[4].repeats == (1, 2)
-    assert kept[6] == fast and [b.m for b in kept] == [3] * 4 + [2] + [3] * 4
+    assert kept[p][4].logs == slow.logs[1:] and kept[p][4].repeats == (1, 2)
+    assert kept[p][6] == fast and [b.m for b in kept[p]] == [3] * 4 + [2] + [3] * 4
     # every window of a start slowed is that start's effect, not a window's: kept
     whole = dataclasses.replace(blocks[4], logs=tuple(x + math.log(0.7) for x in blocks[4].logs))
-    assert screen_slowed([*blocks[:4], whole, *blocks[5:]])[1] == []
-    few = [blocks[0], dataclasses.replace(slow, engine_hash="h1")]
+    assert screen_slowed({p: [*blocks[:4], whole, *blocks[5:]]})[1] == []
+    few = {p: [blocks[0], dataclasses.replace(slow, engine_hash="h1")]}
     assert MIN_RESIDUALS > 2 * 3 and screen_slowed(few) == (few, [])
     flat = [_start(f"h{i}", i, [100.0, 100.0, 70.0 if i == 0 else 100.0]) for i in range(9)]
-    assert screen_slowed(flat)[1] == []  # no spread: no scale to call anything slowed by
+    assert screen_slowed({p: flat})[1] == []  # no spread: no scale to call anything slowed by
+
+
+def test_a_noisier_config_keeps_its_own_slow_windows() -> None:
+    """A config whose windows vary 8x more than the others' (CV 25% against 3%), on three
+    starts at four points: the point's scale alone would cut its ordinary slow windows and raise
+    its mean; its own scale, the larger, keeps them. The same slowed window in a quiet config
+    beside it is still found."""
+    rng = np.random.default_rng(5)
+
+    def start(h: str, k: int, cv: float) -> StartWindows:
+        return StartWindows(h, k, k, "explore", tuple(np.log(
+            100 * np.clip(1 + cv * rng.standard_normal(3), 0.2, None))), (0, 1, 2))
+
+    points = {("w", c): [start("noisy", k, 0.25) for k in range(3)]
+              + [start(f"q{i}", 0, 0.03) for i in range(8)] for c in (1, 2, 4, 8)}
+    quiet = points[("w", 4)][5]
+    points[("w", 4)][5] = dataclasses.replace(quiet, logs=(quiet.logs[0] + math.log(0.6),
+                                                           *quiet.logs[1:]))
+    kept, slowed = screen_slowed(points)
+    assert [(w.point, w.engine_hash, w.repeat) for w in slowed] == [(("w", 4), "q2", 0)]
+    assert all(kept[p][:3] == points[p][:3] for p in points)
 
 
 def test_holm_steps_down() -> None:
