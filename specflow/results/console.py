@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specflow.decision.model import BASELINE_METHOD
-from specflow.records.measurement import Measurement
+from specflow.records.measurement import AGAIN, Measurement
 from specflow.search.rounds import SearchState
 from specflow.spec.memory import Headroom
 
@@ -22,8 +22,10 @@ def window_line(m: Measurement) -> str:
     state = "ok" if m.ok else f"FAILED {m.failure or 'unknown'}"
     acc = f", acceptance {m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
     start = f" b{m.key.start}" if m.key.start else ""
+    again = (f" (measured again: r{m.key.repeat - AGAIN} was slowed by outside load)"
+             if m.key.repeat >= AGAIN else "")
     return (f"{m.engine} {m.key.workload} c{m.key.concurrency}{start} r{m.key.repeat}: {state}, "
-            f"{m.output_throughput:.1f} tok/s{acc}")
+            f"{m.output_throughput:.1f} tok/s{acc}{again}")
 
 
 def _clock(seconds: float) -> str:
@@ -70,6 +72,10 @@ class SweepProgress:
     def window(self, m: Measurement) -> None:
         """A window finished (or failed)."""
         self.done += 1
+        if self.total and self.done > self.total:  # a window measured again, beyond the plan
+            self.total = self.done
+            if self._bar is not None:
+                self._bar.update(self._task, total=self.total)
         if self._bar is not None:
             state = "ok" if m.ok else f"[red]{escape(m.failure or 'failed')}[/]"
             extra = f" acc={m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""

@@ -117,3 +117,33 @@ def test_the_mlflow_note_is_the_decision_table_with_the_champions() -> None:
     cut = decision_note("t", lines * 200, champions, limit=1000)
     assert len(cut) <= 1000 and cut.endswith("has all of it)")
     assert decision_note("t", [], []).splitlines()[2] == "no decision"
+
+
+def test_a_window_measured_again_and_the_slowed_ones_are_said() -> None:
+    """A window measured again in a slowed one's place is said as such, and counted beyond the
+    plan's total ([3/3], never [3/2]); the summary names the slowed windows."""
+    from io import StringIO
+
+    from specflow.records.measurement import AGAIN
+    from specflow.results.console import SweepProgress
+    from tests.builders import window
+
+    base = engine("baseline")
+    out = StringIO()
+    console = Console(file=out, width=120, force_terminal=False)
+    with SweepProgress(console, "sweep", 2) as progress:
+        for r in (0, 1, AGAIN + 1):
+            progress.window(window(base, 100.0, r=r))
+    text = out.getvalue()
+    assert "[2/2] baseline gsm8k c1 r1: ok, 100.0 tok/s (0 left" in text
+    assert ("[3/3] baseline gsm8k c1 r1001: ok, 100.0 tok/s (measured again: r1 was slowed by "
+            "outside load) (0 left") in text
+    slowed = [f"baseline at gsm8k c=1, start 0 repeat {r}: 0.60x its start's other windows "
+              "(-9.0 robust SDs)" for r in range(7)]
+    out = StringIO()
+    print_outcome({**_summary(), "slowed": slowed}, Console(file=out, width=120), 1.0)
+    text = out.getvalue()
+    assert ("7 windows slowed by outside load, left out of the speedups (their starts' other "
+            "windows carry them; the report lists each):") in text
+    assert all(f"  {w}" in text for w in slowed[:5]) and slowed[5] not in text
+    assert "  ... and 2 more" in text
