@@ -140,3 +140,53 @@ def test_each_unit_a_worker_is_sent_names_its_engine_and_windows_and_gives_up_on
     assert start == first and got is not None and got.hash == first.engine_hash
     assert [w.key(got) for w in windows] == list(first.window_keys())
     assert unit_of(race, "start", "999") == (None, [], None)  # a start of no current round
+
+
+def test_a_racing_start_measures_its_own_slowed_windows_once_more(tmp_path: Path) -> None:
+    """What a racing start hands its engine after its planned windows: each of its own windows
+    that the sweep's records show slowed by outside load, numbered AGAIN + its repeat, once;
+    nothing for a start whose windows are all steady, nothing once the window was measured
+    again."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from specflow.records.measurement import AGAIN, Measurement
+    from specflow.search.plan import EngineStart
+    from specflow.steps import progress, unit_of
+    from specflow.steps.measure import _slowed_again
+    from tests.builders import window
+
+    race = _context(tmp_path, "sweep.design=race", "sweep.repeats=3")
+    current = progress(race).current
+    assert current is not None and len(current.starts) >= 4
+    rng = np.random.default_rng(0)
+    units = [unit_of(race, "start", str(s.seq)) for s in current.starts]
+    slowed = units[1][1][0]  # the second start's first window
+    for ec, windows, start in units:
+        assert ec is not None and start is not None
+        for w in windows:
+            hit = ec == units[1][0] and w == slowed
+            tput = 100.0 * (1 + 0.01 * rng.standard_normal()) * (0.6 if hit else 1.0)
+            race.ledger.record(replace(window(ec, tput, workload="chat", cls="chat",
+                                              c=w.concurrency, r=w.repeat),
+                                       key=w.key(ec), seq=start.seq, stage=start.stage,
+                                       round=start.round))
+
+    def mine(start: EngineStart) -> list[Measurement]:  # the start's windows, as measured
+        return [m for m in race.ledger.measurements() if m.seq == start.seq]
+
+    picks = [_slowed_again(race, ec, windows, start)(mine(start))
+             for ec, windows, start in units]
+    assert picks[0] == [] and all(p == [] for p in picks[2:])
+    assert picks[1] == [replace(slowed, repeat=slowed.repeat + AGAIN)]  # its start kept
+    ec, windows, start = units[1]
+    pick = _slowed_again(race, ec, windows, start)
+    assert pick([]) == []  # a start that measured nothing (it failed) measures nothing again
+    assert pick(mine(start)) == picks[1]
+    again = picks[1][0]
+    race.ledger.record(replace(window(ec, 100.0, workload="chat", cls="chat",
+                                      c=again.concurrency, r=again.repeat),
+                               key=again.key(ec), seq=start.seq, stage=start.stage,
+                               round=start.round))
+    assert pick(mine(start)) == []  # measured again once, never twice
