@@ -237,8 +237,7 @@ def _speedup_reason(s: PointSpeedup, promote: PromoteSpec) -> Reason | None:
     elif need is None:
         detail += f"; the gain is below the {promote.margin:.0%} margin"
     else:
-        detail += (f"; inconclusive: about {need} engine starts per side would settle it at the "
-                   f"observed noise")
+        detail += f"; inconclusive: {settle_phrase(need, 'it')}"
     return Reason("speedup", detail)
 
 
@@ -343,7 +342,7 @@ def _leader(still_open: Sequence[Verdict], promote: PromoteSpec) -> str:
         return ""
     e = best.worst.speedup
     need = starts_needed(best.worst, 1 + promote.margin, promote.confidence)
-    settle = (f"about {need} engine starts per side would settle {best.engine}" if need
+    settle = (settle_phrase(need, best.engine) if need
               else f"more engine starts would rule {best.engine} out")
     return (f"best {best.engine} {e.value:.3f} [{e.lo:.3f}, {e.hi:.3f}] at "
             f"{best.worst.workload} c={best.worst.concurrency}, clearing {1 + promote.margin:.3f}"
@@ -587,6 +586,20 @@ def starts_needed(s: PointSpeedup, threshold: float, confidence: float, power: f
     se = (math.log(e.hi) - math.log(e.lo)) / (2 * z_value(confidence))
     need = starts_for_power(s.starts * se ** 2, gap, z_value(confidence), z_value(2 * power - 1))
     return max(2, math.ceil(need))
+
+
+PRACTICAL_STARTS = 100
+"""Engine starts per side beyond which "would settle it" is no advice: the estimate sits on the
+margin."""
+
+
+def settle_phrase(need: int, what: str, starts: str = "engine starts") -> str:
+    """What would settle `what`: about `need` starts per side, or, past `PRACTICAL_STARTS`, that
+    its estimate sits too close to the margin for starts to settle it."""
+    if need > PRACTICAL_STARTS:
+        return (f"its estimate sits too close to the margin for {starts} to settle {what} "
+                f"(over {PRACTICAL_STARTS} per side; about {need} at the observed noise)")
+    return f"about {need} {starts} per side would settle {what} at the observed noise"
 
 
 def band_p_value(v: Verdict) -> float:

@@ -8,7 +8,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from specflow.decision.choose import analyze, band_p_value, gate_reasons, starts_needed
+from specflow.decision.choose import (
+    analyze,
+    band_p_value,
+    gate_reasons,
+    settle_phrase,
+    starts_needed,
+)
 from specflow.decision.model import Analysis, Verdict
 from specflow.decision.race import BandState, Interval
 from specflow.records.measurement import Measurement
@@ -394,4 +400,4 @@ def _settle_cost(v: Verdict | None, promote: PromoteSpec) -> str:
     need = starts_needed(v.worst, 1 + promote.margin, promote.confidence)
     if need is None:
         return "its estimate is below the margin"
-    return f"about {need} confirmation engine starts per side would settle it"
+    return settle_phrase(need, "it", "confirmation engine starts")
