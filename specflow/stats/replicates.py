@@ -294,13 +294,15 @@ SLOWED_Z = 5.0
 """A window this many robust SDs below its start's other windows was slowed by outside load."""
 MIN_RESIDUALS = 8
 """Residuals a point needs before its scale is trusted to call a window slowed."""
+Point = tuple[str, int]
+"""(workload, concurrency)."""
 
 
 @dataclass(frozen=True)
 class Slowed:
     """A window its own engine start's other windows show was slowed by outside load."""
 
-    point: tuple[str, int]
+    point: Point
     engine_hash: str
     start: int
     repeat: int
@@ -308,9 +310,6 @@ class Slowed:
     """Its throughput over the median of its start's other windows at the point."""
     z: float
     """Its residual from its start's median, in robust SDs (negative: slower)."""
-
-
-Point = tuple[str, int]
 
 
 def screen_slowed(points: Mapping[Point, Sequence[StartWindows]]
