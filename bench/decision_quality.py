@@ -67,9 +67,10 @@ unresolved). `off_resolved_cv3` / `off_resolved_cv10`: A/A bands concluded off (
 kind); `max_false_off`: the largest share of bands concluded off in a scenario where c3 truly
 gains at least twice the margin (+10% or +25% against 5%); `resolved_cv3_gain10`: bands
 concluded (promoted or off) at CV 3% with the +10% candidate.
-For speed the race's round replay is memoised within a sweep (`rounds._after_round` is a pure
-function of the records, which only grow; the critical values are cached in `specflow.stats`);
-`--no-memo` turns the replay memo off: identical decisions, slower. The last line is one JSON
+For speed the race's round replay is memoised within a sweep (`rounds._after_round` and
+`rounds._next_round` are pure functions of the records, which only grow; the critical values
+are cached in `specflow.stats`); `--no-memo` turns the replay memo off: identical decisions,
+slower. The last line is one JSON
 object.
 """
 
@@ -228,25 +229,40 @@ def _rng(seed: int, scn: Scenario, design: str, trial: int, k: int = 0) -> np.ra
 # --------------------------------------------------------------------------------------------
 # The race's replay, memoised within one sweep
 
-_MEMO: dict[tuple[int, str, int], dict] = {}
+_MEMO: dict[tuple[Any, ...], Any] = {}
 _ORIGINAL_AFTER_ROUND = rounds._after_round
 _AFTER_ROUND_SIGNATURE = inspect.signature(_ORIGINAL_AFTER_ROUND)
+_ORIGINAL_NEXT_ROUND = rounds._next_round
+_NEXT_ROUND_SIGNATURE = inspect.signature(_ORIGINAL_NEXT_ROUND)
 
 
 def _memo_after_round(*args: Any, **kwargs: Any) -> Any:
     """`rounds._after_round`, computed once per round of a sweep: a replay re-analyses every
     finished round on the same records (`data` = the windows of rounds <= index)."""
     bound = _AFTER_ROUND_SIGNATURE.bind(*args, **kwargs).arguments
-    key = (bound["index"], bound["stage"], len(bound["data"]))
+    key = ("after", bound["index"], bound["stage"], len(bound["data"]))
     if key not in _MEMO:
         _MEMO[key] = _ORIGINAL_AFTER_ROUND(*args, **kwargs)
     return dict(_MEMO[key])
 
 
+def _memo_next_round(*args: Any, **kwargs: Any) -> Any:
+    """`rounds._next_round`, planned once per round of a sweep (its states are those of the
+    same records)."""
+    bound = _NEXT_ROUND_SIGNATURE.bind(*args, **kwargs).arguments
+    key = ("next", bound["index"], len(bound["data"]), bound.get("new_only", False))
+    if key not in _MEMO:
+        _MEMO[key] = _ORIGINAL_NEXT_ROUND(*args, **kwargs)
+    stage, plan = _MEMO[key]
+    return stage, list(plan)
+
+
 def _init_worker(memo: bool) -> None:
-    """Memoise the race's replay (a pure function of its arguments), or undo it."""
+    """Memoise the race's replay (pure functions of their arguments), or undo it."""
     replay = memo and {"index", "stage", "data"} <= set(_AFTER_ROUND_SIGNATURE.parameters)
+    plans = memo and {"index", "data"} <= set(_NEXT_ROUND_SIGNATURE.parameters)
     rounds._after_round = _memo_after_round if replay else _ORIGINAL_AFTER_ROUND
+    rounds._next_round = _memo_next_round if plans else _ORIGINAL_NEXT_ROUND
 
 
 # --------------------------------------------------------------------------------------------

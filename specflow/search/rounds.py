@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from specflow.decision.aggregate import usable_starts
@@ -41,7 +41,7 @@ from specflow.search.schedules import (
 )
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import PromoteSpec
-from specflow.stats.critical import z_upper
+from specflow.stats.critical import z_upper, z_value
 from specflow.stats.power import starts_for_power
 from specflow.stats.replicates import Stage, start_noise
 
@@ -145,6 +145,8 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
 
     if total.plus(cost(plan)).within(shape.budget):
         return plan, None
+    if stage == "confirm" and all(x[0] == shape.baseline or x[0] in extra for x in plan):
+        return _settle_affordable(plan, cost, total, shape)
     if stage == "confirm":
         base = plan[0]
         extras = [x for x in plan[1:] if x[0] in extra]  # one start each (`confirm_plan`)
@@ -164,6 +166,26 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
             return confirm_plan(base, winners[:per], lo, extras), None
     return plan, cost(plan)
+
+
+def _settle_affordable(plan: list, cost: Callable[[list], Spent], total: Spent,
+                       shape: Shape) -> tuple[list, Spent | None]:
+    """A settling look (`settle_plan`) shrunk to the most rounds that fit the budget, at least
+    one; otherwise the cost of one round that does not fit."""
+    base = plan[0]
+    counts = Counter(x for x in plan[1:] if x[0] != shape.baseline)
+    extras = [(x, n) for x, n in counts.items()]
+
+    def fits(k: int) -> bool:
+        return total.plus(cost(settle_plan(base, extras, k))).within(shape.budget)
+
+    lo, hi = 1, max(counts.values())
+    if not fits(lo):
+        return plan, cost(settle_plan(base, extras, lo))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return settle_plan(base, extras, lo), None
 
 
 def _open_contenders(states: Mapping[BandKey, BandState]) -> frozenset[str]:
@@ -229,7 +251,12 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
         return "explore", _with_baselines(cands, base, shape.baseline_every, opening=False)
     confirming = {k: st for k, st in states.items() if st.status == "confirming"}
     if not confirming:
-        return "confirm", []
+        # No winner to confirm: the bands the exploration left open get a settling look of
+        # their own while confirmation looks remain (each spends one look's futility share).
+        left_open = open_after_exploring(states)
+        if not left_open or _looks_taken(data) >= shape.budget.confirm_looks:
+            return "confirm", []
+        return "confirm", _settle_look(shape, promote, bands, left_open, repeats)
     per = defaultdict(set)
     for k, st in confirming.items():
         per[st.contenders[0]].update(bands[k])
@@ -251,6 +278,53 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
               for h in shape.candidates if h in others]
     starts = _confirm_size(shape, promote, bands, confirming, data, repeats)
     return "confirm", confirm_plan(base, winners, starts, extras)
+
+
+def _looks_taken(data: Sequence[Measurement]) -> int:
+    """Confirmation looks the race has taken: its rounds of stage "confirm"."""
+    return len({m.round for m in data if m.stage == "confirm"})
+
+
+def _settle_look(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                 left_open: Mapping[BandKey, BandState], repeats: int) -> list:
+    """A look at the open bands alone: each contender started as often as ruling it out would
+    need if its estimate and noise hold (80% power at the final decision's futility share:
+    its upper bound below 1 + 2 x margin at some point of the band), at least once and at most
+    `max_confirm_starts`, at its open bands' points, with a fresh baseline start after each
+    round of them (`settle_plan`; the budget shrinks it in `_affordable`)."""
+    z_futility = z_upper(promote.futility / 2)
+    limit = math.log(1 + 2 * promote.margin)
+    cap = shape.budget.max_confirm_starts or (10_000 if shape.budget.bounded else 24)
+    need: dict[str, int] = {}
+    points: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for k, st in left_open.items():
+        # a band concludes off when every contender is ruled out: 80% power for all of them
+        z_power = z_upper(1 - 0.8 ** (1 / max(1, len(st.contenders))))
+        for h in st.contenders:
+            points[h].update(bands[k])
+            more, iv = 1, st.estimates.get(h)
+            if iv is not None and iv.hi > iv.value > 0:
+                gap = limit - math.log(iv.value)
+                # one start's share of the contrast's variance, from the interval's width
+                var = iv.starts * ((math.log(iv.hi) - math.log(iv.value))
+                                   / z_value(promote.confidence)) ** 2
+                more = (cap if gap <= 0 else
+                        math.ceil(starts_for_power(var, gap, z_futility, z_power)) - iv.starts)
+            need[h] = max(need.get(h, 1), min(cap, max(1, more)))
+    base = (shape.baseline, "confirm", tuple(sorted({p for ps in points.values() for p in ps})),
+            repeats)
+    extras = [((h, "confirm", tuple(sorted(points[h])), repeats), need[h])
+              for h in shape.candidates if h in need]
+    return settle_plan(base, extras, max(need.values()))
+
+
+def settle_plan(base: tuple, extras: Sequence[tuple[tuple, int]], k: int) -> list:
+    """A settling look of at most `k` rounds: each contender (with the starts it needs) started
+    in the first rounds, up to k; a fresh baseline start before the first and after each."""
+    plan = [base]
+    for i in range(k):
+        plan += [*(x for x, n in extras if n > i), base]
+    return plan
 
 
 def confirm_plan(base: tuple, winners: list, k: int, extras: Sequence[tuple] = ()) -> list:

@@ -403,6 +403,59 @@ def test_a_schedule_that_collapses_at_its_threshold_is_not_promoted() -> None:
     assert kept.classes == () and "falls short around a threshold" in problems[0]
 
 
+def _aa_left_open(budget: BudgetSpec, seed: int = 1) -> tuple[simulate.Scenario,
+                                                               rounds.SearchState, list]:
+    """Three candidates that gain nothing, one class, one level, two exploration rounds: the
+    exploration (seed 1) leaves the band open, no contender selected and none ruled out yet."""
+    scn = simulate.scenario("race", candidates=3, classes=1, levels=(1,), repeats=3,
+                            closing_repeats=0, budget=budget)
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.06, start_sd=0.03), FAST, seed)
+    assert not prog.problems
+    return scn, prog, ms
+
+
+def test_a_band_left_open_with_no_winner_gets_a_settling_look() -> None:
+    """No band is confirming, so no confirmation's starts measure the open band: the race gives
+    it a look of its own (stage confirm, spending one confirmation look's futility share), each
+    contender started as often as ruling it out would need, a fresh baseline start around each
+    round of them, and the band concludes off instead of ending unresolved with budget left."""
+    budget = BudgetSpec(max_rounds=2, confirm_starts=2, confirm_looks=2)
+    scn, prog, ms = _aa_left_open(budget)
+    explored = prog.rounds[1]
+    (st,) = explored.states
+    assert explored.stage == "explore" and st.status == "unresolved" and st.left_open
+    open_contenders = set(st.contenders)
+    looks = [r for r in prog.rounds if r.stage == "confirm"]
+    assert 1 <= len(looks) <= budget.confirm_looks
+    first = [s.engine_hash for s in looks[0].starts]
+    assert set(first) == {"base", *open_contenders}  # nothing ruled out is started again
+    assert first[0] == first[-1] == "base"
+    runs = "".join("b" if h == "base" else "c" for h in first)
+    assert "bb" not in runs  # a baseline start between every round of contenders
+    # sized per contender from its interval: the one nearer the rule-out bar gets more starts
+    counts = {h: first.count(h) for h in open_contenders}
+    assert max(counts.values()) > min(counts.values()) >= 1, counts
+    assert {b.status for b in prog.states.values()} == {"off"}
+    (r,) = _decide(scn, prog, ms).classes
+    assert [d.outcome for d in r.decisions] == ["off"]
+
+
+def test_a_settling_look_shrinks_to_the_budget() -> None:
+    """The same race with 16 engine starts in all: the exploration spent 9, so the settling look
+    keeps the rounds that fit (a baseline start, then each round's contenders and a baseline
+    start): 7 starts, not the 31 it asked for, which here still rule both contenders out."""
+    _, unbounded, _ = _aa_left_open(BudgetSpec(max_rounds=2, confirm_starts=2,
+                                               confirm_looks=2))
+    asked = [s.engine_hash for s in unbounded.rounds[2].starts]
+    _, prog, _ = _aa_left_open(BudgetSpec(max_rounds=2, confirm_starts=2, confirm_looks=2,
+                                          engine_starts=16))
+    assert prog.rounds[1].spent.engine_starts == 9
+    look = [s.engine_hash for s in prog.rounds[2].starts]
+    assert len(asked) > len(look) == 7 and look == asked[:7]
+    assert prog.spent.engine_starts <= 16 and len(prog.rounds) == 3
+    assert {b.status for b in prog.states.values()} == {"off"}
+
+
 def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> None:
     """The demo's shape (two candidates, one exploration round): one candidate wins at level 1
     and loses at level 8, the other loses everywhere. The level-1 winner's confirmation starts,
