@@ -66,7 +66,9 @@ Resolution, per band: "off/band" is the share of bands concluded off (neither pr
 unresolved). `off_resolved_cv3` / `off_resolved_cv10`: A/A bands concluded off (the worse noise
 kind); `max_false_off`: the largest share of bands concluded off in a scenario where c3 truly
 gains at least twice the margin (+10% or +25% against 5%); `resolved_cv3_gain10`: bands
-concluded (promoted or off) at CV 3% with the +10% candidate.
+concluded (promoted or off) at CV 3% with the +10% candidate. Where the race left its unresolved
+bands (`STOPS`: the budget, the exploration, a confirmation) is printed per scenario and is each
+scenario's `stopped` in the JSON line.
 For speed the race's round replay is memoised within a sweep (`rounds._after_round` and
 `rounds._next_round` are pure functions of the records, which only grow; the critical values
 are cached in `specflow.stats`); `--no-memo` turns the replay memo off: identical decisions,
@@ -86,9 +88,9 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,6 +101,7 @@ import specflow
 from specflow.decision.bands import bands_for
 from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis, AnalysisError
+from specflow.decision.race import BandState
 from specflow.records.measurement import Measurement
 from specflow.search import rounds, simulate
 from specflow.search.plan import EngineStart, Round, Shape, final_rules, spent_by
@@ -212,6 +215,8 @@ class Trial:
     error: str = ""
     unresolved_at: tuple[bool, ...] = ()
     """Per band (as `promoted`): left unresolved (race, uniform) or refused (tune)."""
+    stopped: tuple[str, ...] = ()
+    """Per band (race): where an unresolved band stopped (`STOPS`), "" where it concluded."""
 
 
 def code_version() -> dict[str, str]:
@@ -289,6 +294,30 @@ def _decided(result: Analysis, spent: float) -> Trial:
     return Trial(tuple(winners), sum(unresolved), spent, unresolved_at=tuple(unresolved))
 
 
+STOPS = ("budget", "exploration", "confirmation")
+"""Where a race leaves a band unresolved: the budget could not pay for the next round; the
+exploration ended with no contender selected and not all ruled out (and no settling look ruled
+them out); a selected candidate was not confirmed in its looks, and not ruled out."""
+
+
+def _stop(why: str) -> str:
+    if why.startswith("budget spent"):
+        return "budget"
+    if why.startswith(("not confirmed", "failed confirmation")):
+        return "confirmation"
+    return "exploration"
+
+
+def _stopped(result: Analysis, states: Mapping[tuple[str, str], BandState]) -> tuple[str, ...]:
+    """Per band, in `_decided`'s order: where the race left it unresolved, "" if concluded."""
+    out = []
+    for r in sorted(result.classes, key=lambda r: r.traffic_class):
+        for d in sorted(r.decisions, key=lambda d: d.band.lo):
+            st = states.get((r.traffic_class, d.band.label))
+            out.append(_stop(st.why) if d.outcome == "unresolved" and st is not None else "")
+    return tuple(out)
+
+
 def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     scn, seed, trial, budget = args
     rng = _rng(seed, scn, "race", trial)
@@ -308,7 +337,7 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
         result = analyze(opening, final_rules(PROMOTE), closing_baseline=later, race=prog.states)
     except AnalysisError as exc:
         return Trial((), 0, spent, str(exc)[:200])
-    return _decided(result, spent)
+    return replace(_decided(result, spent), stopped=_stopped(result, prog.states))
 
 
 def _fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
@@ -402,6 +431,8 @@ class Figures:
     wrong_count: int = 0
     k: int | None = None
     k_reached: bool = True
+    stopped: dict[str, float] | None = None
+    """Race: the share of bands left unresolved at each of `STOPS`."""
 
 
 def figures(scn: Scenario, trials: Sequence[Trial], k: int | None = None,
@@ -433,7 +464,9 @@ def figures(scn: Scenario, trials: Sequence[Trial], k: int | None = None,
         / max(1, len(winning)),
         false_count=any_promoted if aa else 0,
         wrong_count=0 if aa else wrong,
-        k=k, k_reached=k_reached)
+        k=k, k_reached=k_reached,
+        stopped={w: sum(x == w for t in ok for x in t.stopped) / bands for w in STOPS}
+        if any(t.stopped for t in ok) else None)
 
 
 def _wrong(scn: Scenario, t: Trial) -> bool:
@@ -452,6 +485,22 @@ def wilson_hi(x: int, n: int, z: float = 1.96) -> float:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
+
+
+def stops(rows: Sequence[tuple[Scenario, Figures]]) -> None:
+    """Where the race's unresolved bands stopped (`STOPS`), per scenario with any."""
+    shown = [(s, f) for s, f in rows if f.stopped and f.unresolved_band]
+    if not shown:
+        return
+    print("\nwhere the race left bands unresolved (share of all bands; budget: the next round did "
+          "not fit; exploration: none selected, not all ruled out; confirmation: the selected "
+          "one not confirmed in its looks, nor ruled out)")
+    head = f"{'scenario':<30}" + "".join(f"{w:>14}" for w in STOPS)
+    print(head)
+    print("-" * len(head))
+    for s, f in shown:
+        assert f.stopped is not None
+        print(f"{s.name:<30}" + "".join(f"{_pct(f.stopped[w]):>14}" for w in STOPS))
 
 
 def table(title: str, rows: Sequence[tuple[Scenario, Figures]], unresolved_label: str,
@@ -594,6 +643,7 @@ def main() -> int:
 
     race_rows = [(s, race[s]) for s in scns]
     table(f"RACE (budget {args.budget:.0f} engine-s; {COSTS})", race_rows, "unres/band")
+    stops(race_rows)
     table(f"UNIFORM REPEATS at the race's power (smallest k in {list(UNIFORM_KS)}; A/A rows at "
           "the +10% row's k; grid, Holm over the family)",
           [(s, uniform[s]) for s in full], "unres/band", with_k=True)
@@ -782,7 +832,9 @@ def main() -> int:
 
 def _fig_json(f: Figures) -> dict[str, Any]:
     out = {k: v for k, v in f.__dict__.items() if v is not None}
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+    return {k: (round(v, 4) if isinstance(v, float) else
+                {w: round(x, 4) for w, x in v.items()} if isinstance(v, dict) else v)
+            for k, v in out.items()}
 
 
 if __name__ == "__main__":
