@@ -174,7 +174,7 @@ def _settle_affordable(plan: list, cost: Callable[[list], Spent], total: Spent,
     one; otherwise the cost of one round that does not fit."""
     base = plan[0]
     counts = Counter(x for x in plan[1:] if x[0] != shape.baseline)
-    extras = [(x, n) for x, n in counts.items()]
+    extras = list(counts.items())
 
     def fits(k: int) -> bool:
         return total.plus(cost(settle_plan(base, extras, k))).within(shape.budget)
@@ -288,10 +288,11 @@ def _looks_taken(data: Sequence[Measurement]) -> int:
 def _settle_look(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                  left_open: Mapping[BandKey, BandState], repeats: int) -> list:
     """A look at the open bands alone: each contender started as often as ruling it out would
-    need if its estimate and noise hold (80% power at the final decision's futility share:
-    its upper bound below 1 + 2 x margin at some point of the band), at least once and at most
-    `max_confirm_starts`, at its open bands' points, with a fresh baseline start after each
-    round of them (`settle_plan`; the budget shrinks it in `_affordable`)."""
+    need if its estimate and noise hold (80% power that every contender of its band is ruled
+    out at the final decision's futility share: an upper bound below 1 + 2 x margin at some
+    point of the band), at least once and at most `max_confirm_starts`, at its open bands'
+    points, with a fresh baseline start before the first round of them and after each
+    (`settle_plan`; the budget shrinks it in `_affordable`)."""
     z_futility = z_upper(promote.futility / 2)
     limit = math.log(1 + 2 * promote.margin)
     cap = shape.budget.max_confirm_starts or (10_000 if shape.budget.bounded else 24)
