@@ -72,8 +72,7 @@ scenario's `stopped` in the JSON line.
 For speed the race's round replay is memoised within a sweep (`rounds._after_round` and
 `rounds._next_round` are pure functions of the records, which only grow; the critical values
 are cached in `specflow.stats`); `--no-memo` turns the replay memo off: identical decisions,
-slower. The last line is one JSON
-object.
+slower. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -90,7 +89,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -283,15 +282,19 @@ def _split(ms: Sequence[Measurement], baseline: str
     return opening, later
 
 
-def _decided(result: Analysis, spent: float) -> Trial:
-    """Per band (classes, then bands by level): the promoted engine hash, and whether the band
-    was left unresolved."""
-    winners, unresolved = [], []
+def _decided(result: Analysis, spent: float,
+             states: Mapping[tuple[str, str], BandState] | None = None) -> Trial:
+    """Per band (classes, then bands by level): the promoted engine hash, whether the band was
+    left unresolved, and (a race's `states`) where the race left it so (`_stop`)."""
+    winners, unresolved, stopped = [], [], []
     for r in sorted(result.classes, key=lambda r: r.traffic_class):
         for d in sorted(r.decisions, key=lambda d: d.band.lo):
             winners.append(d.winner.engine_hash if d.winner is not None else None)
             unresolved.append(d.outcome == "unresolved")
-    return Trial(tuple(winners), sum(unresolved), spent, unresolved_at=tuple(unresolved))
+            st = (states or {}).get((r.traffic_class, d.band.label))
+            stopped.append(_stop(st.why) if unresolved[-1] and st is not None else "")
+    return Trial(tuple(winners), sum(unresolved), spent, unresolved_at=tuple(unresolved),
+                 stopped=tuple(stopped) if states is not None else ())
 
 
 STOPS = ("budget", "exploration", "confirmation")
@@ -306,16 +309,6 @@ def _stop(why: str) -> str:
     if why.startswith(("not confirmed", "failed confirmation")):
         return "confirmation"
     return "exploration"
-
-
-def _stopped(result: Analysis, states: Mapping[tuple[str, str], BandState]) -> tuple[str, ...]:
-    """Per band, in `_decided`'s order: where the race left it unresolved, "" if concluded."""
-    out = []
-    for r in sorted(result.classes, key=lambda r: r.traffic_class):
-        for d in sorted(r.decisions, key=lambda d: d.band.lo):
-            st = states.get((r.traffic_class, d.band.label))
-            out.append(_stop(st.why) if d.outcome == "unresolved" and st is not None else "")
-    return tuple(out)
 
 
 def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
@@ -337,7 +330,7 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
         result = analyze(opening, final_rules(PROMOTE), closing_baseline=later, race=prog.states)
     except AnalysisError as exc:
         return Trial((), 0, spent, str(exc)[:200])
-    return replace(_decided(result, spent), stopped=_stopped(result, prog.states))
+    return _decided(result, spent, prog.states)
 
 
 def _fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
