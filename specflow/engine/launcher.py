@@ -16,6 +16,7 @@ Only light modules are imported at import time; vLLM is imported when the CLI ru
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import sys
 from collections.abc import Callable
 
@@ -97,6 +98,38 @@ def fork_engine_core() -> None:
 
     fork_context._specflow_fork = True  # type: ignore[attr-defined]
     engine_utils.get_mp_context = fork_context
+    os.register_at_fork(after_in_child=_release_listeners)
+
+
+def _release_listeners() -> None:
+    """In a forked child: point each inherited TCP socket that is not connected (bound, or
+    listening: vLLM binds the API port before it forks and listens after) at /dev/null. The
+    descriptor stays valid for the Python object that still holds it; the socket is the
+    parent's alone."""
+    import socket
+    import stat
+
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    continue
+                with socket.socket(fileno=os.dup(fd)) as probe:  # closes the duplicate only
+                    if probe.family not in (socket.AF_INET, socket.AF_INET6) or \
+                            probe.type != socket.SOCK_STREAM:
+                        continue
+                    try:
+                        probe.getpeername()
+                        continue  # a connection of the parent's: not a port it serves
+                    except OSError:
+                        pass
+            except OSError:
+                continue
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def main(argv: list[str] | None = None) -> None:

