@@ -86,7 +86,6 @@ import statistics
 import sys
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -101,9 +100,8 @@ from specflow.decision.bands import bands_for
 from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis, AnalysisError
 from specflow.decision.race import BandState
-from specflow.records.measurement import Measurement
 from specflow.search import rounds, simulate
-from specflow.search.plan import EngineStart, Round, Shape, final_rules, spent_by
+from specflow.search.plan import final_rules, spent_by, split_baseline
 from specflow.spec.schema import BudgetSpec, PromoteSpec
 
 START_S = 25.0
@@ -273,15 +271,6 @@ def _init_worker(memo: bool) -> None:
 # The three rules
 
 
-def _split(ms: Sequence[Measurement], baseline: str
-           ) -> tuple[list[Measurement], list[Measurement]]:
-    """What `rounds._after_round` passes to `analyze`: every window except the baseline's later
-    engine starts, and those."""
-    opening = [m for m in ms if m.key.engine_hash != baseline or m.key.start == 0]
-    later = [m for m in ms if m.key.engine_hash == baseline and m.key.start > 0]
-    return opening, later
-
-
 def _decided(result: Analysis, spent: float,
              states: Mapping[tuple[str, str], BandState] | None = None) -> Trial:
     """Per band (classes, then bands by level): the promoted engine hash, whether the band was
@@ -325,7 +314,7 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     if prog.problems:
         return Trial((), 0, spent, "; ".join(prog.problems)[:200])
     # As `steps.decide` does: a measured N schedule (not simulated here) is checked apart.
-    opening, later = _split([m for m in ms if m.stage != "schedule"], sim.shape.baseline)
+    opening, later = split_baseline([m for m in ms if m.stage != "schedule"], sim.shape.baseline)
     try:
         result = analyze(opening, final_rules(PROMOTE), closing_baseline=later, race=prog.states)
     except AnalysisError as exc:
@@ -333,33 +322,15 @@ def race_trial(args: tuple[Scenario, int, int, float]) -> Trial:
     return _decided(result, spent, prog.states)
 
 
-def _fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
-    """(baseline, every candidate) x copies, then a closing baseline start, in run order."""
-    starts: list[EngineStart] = []
-    blocks: Counter[str] = Counter()
-
-    def add(h: str, repeats: int) -> None:
-        starts.append(EngineStart(h, "explore", shape.points, repeats, 0, len(starts), blocks[h]))
-        blocks[h] += 1
-
-    for _ in range(copies):
-        add(shape.baseline, shape.repeats)
-        for h in shape.candidates:
-            add(h, shape.repeats)
-    if closing:
-        add(shape.baseline, shape.closing_repeats)
-    return Round(0, "explore", tuple(starts))
-
-
 def uniform_trial(args: tuple[Scenario, int, int, int]) -> Trial:
     scn, seed, trial, k = args
     rng = _rng(seed, scn, "uniform", trial, k)
     sim = simulate.scenario("grid", gains=scn.gains, level_gains=scn.level_gains)
-    plan = _fixed_round(sim.shape, k, closing=True)
+    plan = simulate.fixed_round(sim.shape, k, closing=True)
     noise = scn.noise(rng, horizon=len(plan.starts))
     ms = simulate.run_round(sim, noise, plan, rng)
     spent = spent_by(ms).engine_seconds
-    opening, later = _split(ms, sim.shape.baseline)
+    opening, later = split_baseline(ms, sim.shape.baseline)
     try:
         result = analyze(opening, PROMOTE, closing_baseline=later, family="holm")
     except AnalysisError as exc:
@@ -379,7 +350,7 @@ def tune_trial(args: tuple[Scenario, int, int]) -> Trial:
     rng = _rng(seed, scn, "tune", trial)
     sim = simulate.scenario("grid", gains=scn.gains, level_gains=scn.level_gains,
                             repeats=TUNE_REPEATS, closing_repeats=0)
-    plan = _fixed_round(sim.shape, 1, closing=False)
+    plan = simulate.fixed_round(sim.shape, 1, closing=False)
     noise = scn.noise(rng, horizon=len(plan.starts))
     ms = simulate.run_round(sim, noise, plan, rng)
     bands, _, _ = bands_for(PROMOTE, sim.shape.concurrency)

@@ -1,12 +1,16 @@
 """Search cost at GPU scale, simulated: the adaptive search against the racing grid.
 
 Run: .venv/bin/python bench/search_cost_simulated.py [--trials 20] [--seed 0] [--workers 2]
+     [--max-k 6]
 
 The real round planner and decision code (`specflow.search.rounds`, `specflow.decision`) on a
 GPU-sized plan, measured by `specflow.search.simulate` instead of an engine: three drafters x
 N = 1..7, four concurrency levels (1, 8, 32, 128), two traffic classes (chat, code). Each design
 runs `--trials` sweeps; the adaptive search's and the racing grid's (`sweep.search:
-exhaustive`, the same race) engine-seconds are compared, and their decisions per band.
+exhaustive`, the same race) engine-seconds are compared, and their decisions per band. A third
+design, uniform repeats (every config started k times in one round, then a closing baseline
+start, decided once with Holm over the candidates), is run at k = 2, 3, ... until its share of
+bands decided right reaches the adaptive search's (equal error), at most k = --max-k.
 
 Two plans. `chains` (the plan the search exists for): three chain drafters. `mixed`: its MTP
 replaced by one that is not a chain, which the search must detect and measure per N.
@@ -43,7 +47,8 @@ Prints per design the engine starts, windows and engine-seconds, the adaptive / 
 share of bands where the two decide alike, each against the truth, the predictor's acceptance
 length error on the chain series and how often the non-chain series was flagged. The last line
 is one JSON object: engine_seconds_ratio_simulated, same_decision_simulated, mal_error_median,
-prediction_flagged, and the designs' means.
+prediction_flagged, engine_seconds_ratio_uniform (adaptive / uniform repeats at equal error; a
+lower bound when no k up to --max-k reached it), and the designs' means.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specflow.decision.choose import analyze  # noqa: E402
 from specflow.decision.model import Analysis, AnalysisError  # noqa: E402
 from specflow.search import predict, simulate  # noqa: E402
-from specflow.search.plan import final_rules  # noqa: E402
+from specflow.search.plan import final_rules, spent_by, split_baseline  # noqa: E402
 from specflow.spec.schema import PromoteSpec  # noqa: E402
 
 console = Console(width=120)
@@ -207,9 +212,7 @@ def trial(args: tuple[str, str, int, int]) -> Trial:
     if prog.problems:
         return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, (),
                      error="; ".join(prog.problems)[:200])
-    base = scn.shape.baseline
-    opening = [m for m in ms if m.key.engine_hash != base or m.key.start == 0]
-    later = [m for m in ms if m.key.engine_hash == base and m.key.start > 0]
+    opening, later = split_baseline(ms, scn.shape.baseline)
     try:
         result = analyze(opening, final_rules(PROMOTE), closing_baseline=later,
                          race=prog.states)
@@ -219,6 +222,46 @@ def trial(args: tuple[str, str, int, int]) -> Trial:
     errors, flagged = _checks(prog, what, plan) if search == "adaptive" else ((), ())
     return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, _decisions(result),
                  errors, flagged)
+
+
+def uniform_trial(args: tuple[str, int, int, int]) -> Trial:
+    """Uniform repeats: every config started k times, decided once (one look: the plain rules,
+    Holm over every candidate, class and band)."""
+    plan, k, seed, index = args
+    scn, _ = build_scenario(plan, "exhaustive")
+    rng = np.random.default_rng(np.random.SeedSequence((seed, index, k)))
+    ms = simulate.run_round(scn, NOISE, simulate.fixed_round(scn.shape, k, closing=True), rng)
+    spent = spent_by(ms)
+    opening, later = split_baseline(ms, scn.shape.baseline)
+    try:
+        result = analyze(opening, PROMOTE, closing_baseline=later, family="holm")
+    except AnalysisError as exc:
+        return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, (),
+                     error=str(exc)[:200])
+    return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, _decisions(result))
+
+
+def _means(ts: list[Trial], truth: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    ok = [t for t in ts if not t.error]
+    hits = [right(d, truth[b]) for t in ok for b, d in t.decisions]
+    return {"engine_s": statistics.fmean(t.engine_s for t in ok) if ok else 0.0,
+            "starts": statistics.fmean(t.starts for t in ok) if ok else 0.0,
+            "windows": statistics.fmean(t.windows for t in ok) if ok else 0.0,
+            "right": sum(hits) / len(hits) if hits else 0.0,
+            "errors": len(ts) - len(ok)}
+
+
+def uniform_at_equal_error(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int,
+                           max_k: int, target: float,
+                           truth: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    """The fewest starts per config (k >= 2: one start has no start-to-start variance) at which
+    uniform repeats decide `target`'s share of bands right, or k = max_k if none does."""
+    for k in range(2, max_k + 1):
+        out = _means(list(pool.map(uniform_trial, [(plan, k, seed, i) for i in range(trials)])),
+                     truth)
+        if out["right"] >= target:
+            break
+    return out | {"k": k, "reached": out["right"] >= target}
 
 
 def band_speedups(plan: str) -> dict[str, dict[str, float]]:
@@ -247,27 +290,25 @@ def same(a: str, b: str, truth: Mapping[str, float]) -> bool:
     return a == b
 
 
-def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int) -> dict[str, Any]:
+def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int, max_k: int
+             ) -> dict[str, Any]:
     results = {search: list(pool.map(trial, [(plan, search, seed, i) for i in range(trials)]))
                for search in ("adaptive", "exhaustive")}
     truth = band_speedups(plan)
     out: dict[str, Any] = {"plan": plan}
     for search, ts in results.items():
-        ok = [t for t in ts if not t.error]
-        hits = [right(d, truth[b]) for t in ok for b, d in t.decisions]
-        out[search] = {"engine_s": statistics.fmean(t.engine_s for t in ok) if ok else 0.0,
-                       "starts": statistics.fmean(t.starts for t in ok) if ok else 0.0,
-                       "windows": statistics.fmean(t.windows for t in ok) if ok else 0.0,
-                       "right": sum(hits) / len(hits) if hits else 0.0,
-                       "errors": len(ts) - len(ok)}
+        out[search] = _means(ts, truth)
+    out["uniform"] = uniform_at_equal_error(pool, plan, trials, seed, max_k,
+                                            out["adaptive"]["right"], truth)
     pairs = [(a, g) for a, g in zip(results["adaptive"], results["exhaustive"], strict=True)
              if not a.error and not g.error]
     agree = [same(da, dg, truth[b]) for a, g in pairs
              for (b, da), (_, dg) in zip(a.decisions, g.decisions, strict=True)]
     errors = [e for t in results["adaptive"] for e in t.mal_errors]
     flagged = [f for t in results["adaptive"] for f in t.flagged]
-    grid = out["exhaustive"]["engine_s"]
+    grid, uniform = out["exhaustive"]["engine_s"], out["uniform"]["engine_s"]
     out |= {"ratio": out["adaptive"]["engine_s"] / grid if grid else math.nan,
+            "ratio_uniform": out["adaptive"]["engine_s"] / uniform if uniform else math.nan,
             "same": sum(agree) / len(agree) if agree else math.nan,
             "mal_error_median": statistics.median(errors) if errors else math.nan,
             "flagged": sum(flagged) / len(flagged) if flagged else math.nan,
@@ -281,27 +322,37 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-k", type=int, default=6,
+                    help="the most starts per config tried for uniform repeats")
     args = ap.parse_args()
     with ProcessPoolExecutor(args.workers) as pool:
-        plans = {plan: run_plan(pool, plan, args.trials, args.seed)
+        plans = {plan: run_plan(pool, plan, args.trials, args.seed, args.max_k)
                  for plan in ("chains", "mixed")}
     table = Table(title=f"GPU plans, simulated: 3 drafters x N=1..7, c={list(LEVELS)}, "
                         f"2 classes, {args.trials} trials per design")
     for col in ("plan", "design", "engine starts", "windows", "engine-s", "ratio",
                 "bands right", "same decision", "errors"):
         table.add_column(col, justify="left" if col in ("plan", "design") else "right")
+    names = {"exhaustive": "racing grid", "adaptive": "adaptive search"}
     for plan, r in plans.items():
-        for search in ("exhaustive", "adaptive"):
+        u = r["uniform"]
+        names["uniform"] = f"uniform repeats, k={u['k']}" + ("" if u["reached"] else
+                                                             " (short of equal error)")
+        for search in ("exhaustive", "adaptive", "uniform"):
             m = r[search]
-            table.add_row(plan, "adaptive search" if search == "adaptive" else "racing grid",
-                          f"{m['starts']:.1f}", f"{m['windows']:.0f}", f"{m['engine_s']:.0f}",
-                          f"{r['ratio']:.3f}" if search == "adaptive" else "1",
-                          f"{m['right']:.0%}",
+            ratio = {"adaptive": f"{r['ratio']:.3f}", "exhaustive": "1"}.get(
+                search, f"{m['engine_s'] / r['exhaustive']['engine_s']:.3f}")
+            table.add_row(plan, names[search], f"{m['starts']:.1f}", f"{m['windows']:.0f}",
+                          f"{m['engine_s']:.0f}", ratio, f"{m['right']:.0%}",
                           f"{r['same']:.0%}" if search == "adaptive" else "-", str(m["errors"]))
     console.print(table)
     for plan, r in plans.items():
         console.print(f"{plan}: truth per band: " + "; ".join(
             f"{b}: {h}" for b, h in sorted(r["truth"].items())))
+        u = r["uniform"]
+        console.print(f"{plan}: adaptive / uniform repeats (k={u['k']}, bands right "
+                      f"{u['right']:.0%} against the search's {r['adaptive']['right']:.0%}): "
+                      f"{'<= ' if not u['reached'] else ''}{r['ratio_uniform']:.3f}")
         console.print(f"{plan}: chain checks: acceptance length error median "
                       f"{r['mal_error_median']:.4f}; the MTP series flagged as not a chain in "
                       f"{r['flagged']:.0%} of band checks")
@@ -312,7 +363,11 @@ def main() -> int:
         "mal_error_median": round(chains["mal_error_median"], 4),
         "prediction_flagged": round(mixed["flagged"], 3),
         "chain_flagged_falsely": round(chains["flagged"], 3),
+        "engine_seconds_ratio_uniform": round(chains["ratio_uniform"], 3),
+        "uniform_k": chains["uniform"]["k"], "uniform_reached": chains["uniform"]["reached"],
+        "right_uniform": round(chains["uniform"]["right"], 3),
         "engine_seconds_ratio_mixed": round(mixed["ratio"], 3),
+        "engine_seconds_ratio_uniform_mixed": round(mixed["ratio_uniform"], 3),
         "same_decision_mixed": round(mixed["same"], 3),
         "right_adaptive": round(chains["adaptive"]["right"], 3),
         "right_grid": round(chains["exhaustive"]["right"], 3),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -136,6 +137,25 @@ def run_sweep(scn: Scenario, noise: NoiseModel, promote: PromoteSpec, seed: int,
             return progress, ms
         ms += run_round(scn, noise, progress.current, rng)
     raise RuntimeError(f"sweep not done after {max_rounds} rounds")
+
+
+def fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
+    """Uniform repeats in one round: (baseline, every candidate) x copies, then a closing
+    baseline start when `closing`, in run order."""
+    starts: list[EngineStart] = []
+    blocks: Counter[str] = Counter()
+
+    def add(h: str, repeats: int) -> None:
+        starts.append(EngineStart(h, "explore", shape.points, repeats, 0, len(starts), blocks[h]))
+        blocks[h] += 1
+
+    for _ in range(copies):
+        add(shape.baseline, shape.repeats)
+        for h in shape.candidates:
+            add(h, shape.repeats)
+    if closing:
+        add(shape.baseline, shape.closing_repeats)
+    return Round(0, "explore", tuple(starts))
 
 
 def scenario(design: Design, *, candidates: int = 8, classes: int = 2,
