@@ -81,8 +81,9 @@ def fork_engine_core() -> None:
     vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn for every process it starts, so
     the engine core imports torch and vLLM again before it loads a model (docs/benchmarks.md,
     "Cost per engine start"). The API server forks it before it serves a request, as on a GPU.
-    The model worker of the `mp`
-    executor is still spawned: vLLM binds its OpenMP threads to cores there.
+    The forked process lets go of the API server's port (`_release_ports`), so an API server
+    that dies refuses connections rather than leaving them queued unanswered. The model worker
+    of the `mp` executor is still spawned: vLLM binds its OpenMP threads to cores there.
     """
     import multiprocessing
 
@@ -98,38 +99,44 @@ def fork_engine_core() -> None:
 
     fork_context._specflow_fork = True  # type: ignore[attr-defined]
     engine_utils.get_mp_context = fork_context
-    os.register_at_fork(after_in_child=_release_listeners)
+    os.register_at_fork(after_in_child=_release_ports)
 
 
-def _release_listeners() -> None:
-    """In a forked child: point each inherited TCP socket that is not connected (bound, or
-    listening: vLLM binds the API port before it forks and listens after) at /dev/null. The
-    descriptor stays valid for the Python object that still holds it; the socket is the
-    parent's alone."""
-    import socket
-    import stat
-
+def _release_ports() -> None:
+    """In a forked child: point each inherited socket that serves a port (`_serves_a_port`) at
+    /dev/null. The descriptor stays valid for the Python object that still holds it; the socket
+    is the parent's alone."""
+    ports = [int(fd) for fd in os.listdir("/proc/self/fd") if _serves_a_port(int(fd))]
+    if not ports:
+        return
     null = os.open(os.devnull, os.O_RDWR)
     try:
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            try:
-                if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                    continue
-                with socket.socket(fileno=os.dup(fd)) as probe:  # closes the duplicate only
-                    if probe.family not in (socket.AF_INET, socket.AF_INET6) or \
-                            probe.type != socket.SOCK_STREAM:
-                        continue
-                    try:
-                        probe.getpeername()
-                        continue  # a connection of the parent's: not a port it serves
-                    except OSError:
-                        pass
-            except OSError:
-                continue
+        for fd in ports:
             os.dup2(null, fd)
     finally:
         os.close(null)
+
+
+def _serves_a_port(fd: int) -> bool:
+    """A TCP socket that is not connected: bound or listening (vLLM binds the API port before
+    it forks the engine core, and listens after)."""
+    import socket
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+        with socket.socket(fileno=os.dup(fd)) as probe:  # closes the duplicate only
+            if probe.family not in (socket.AF_INET, socket.AF_INET6) or \
+                    probe.type != socket.SOCK_STREAM:
+                return False
+            try:
+                probe.getpeername()
+            except OSError:
+                return True
+            return False
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
