@@ -325,6 +325,8 @@ def main() -> int:
     ap.add_argument("--max-k", type=int, default=6,
                     help="the most starts per config tried for uniform repeats")
     args = ap.parse_args()
+    if args.max_k < 2:
+        ap.error(f"--max-k {args.max_k}: uniform repeats need at least 2 starts per config")
     with ProcessPoolExecutor(args.workers) as pool:
         plans = {plan: run_plan(pool, plan, args.trials, args.seed, args.max_k)
                  for plan in ("chains", "mixed")}

@@ -106,7 +106,7 @@ def _release_ports() -> None:
     """In a forked child: point each inherited socket that serves a port (`_serves_a_port`) at
     /dev/null. The descriptor stays valid for the Python object that still holds it; the socket
     is the parent's alone."""
-    ports = [int(fd) for fd in os.listdir("/proc/self/fd") if _serves_a_port(int(fd))]
+    ports = [int(fd) for fd in os.listdir("/dev/fd") if _serves_a_port(int(fd))]
     if not ports:
         return
     null = os.open(os.devnull, os.O_RDWR)
