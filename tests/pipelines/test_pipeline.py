@@ -18,6 +18,7 @@ import pytest
 
 from specflow.champions import promote
 from specflow.config.compose import load_plan
+from specflow.engine.forkserver import MODULE as FORK_SERVER
 from specflow.results.ledger import Ledger
 from tests.pipelines import live
 from tests.pipelines.procs import processes_of, processes_using
@@ -310,11 +311,13 @@ def test_sigterm_ends_the_main_job_like_ctrl_c(tmp_path: Path, models: Path) -> 
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        while not any(" serve " in c for c in processes_of(tmp_path)):  # an engine starts
+        # an engine starts: its fork server imports vLLM, then forks the engine (named for
+        # its command, `serve ...`, which hides its environment)
+        while not any(FORK_SERVER in c for c in processes_of(tmp_path)):
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no engine start within 300 s"
             time.sleep(0.5)
-        assert len(processes_of(tmp_path)) >= 3  # the job, Prefect's server, the engine
+        assert len(processes_of(tmp_path)) >= 3  # the job, Prefect's server, the fork server
         proc.terminate()
         out, errs = proc.communicate(timeout=120)
     finally:
@@ -324,9 +327,10 @@ def test_sigterm_ends_the_main_job_like_ctrl_c(tmp_path: Path, models: Path) -> 
     assert "interrupted: the finished windows are kept in the ledger" in errs
     assert "Traceback" not in out + errs, errs[-3000:]
     deadline = time.monotonic() + 60
-    while processes_of(tmp_path) and time.monotonic() < deadline:
+    while (processes_of(tmp_path) or processes_using(models)) and time.monotonic() < deadline:
         time.sleep(1)
     assert not processes_of(tmp_path), processes_of(tmp_path)
+    assert not processes_using(models), processes_using(models)
 
 
 @pytest.mark.engine
