@@ -1,2 +1,2 @@
-"""The vLLM side: server process, launcher, installed-vLLM probe, devices, load generation,
-/metrics counters and the runner."""
+"""The vLLM side: server process, launcher, fork server, installed-vLLM probe, devices, load
+generation, /metrics counters and the runner."""

