@@ -3,7 +3,7 @@
 Run: .venv/bin/python bench/engine_start.py [--starts 4] [--prompts 16] [--max-tokens 128]
      [--concurrency 4] [--models DIR] [--workdir DIR]
 
-Starts the tiny target (the CPU demo's settings, vLLM's `uni` executor as the suite runs it)
+Starts the tiny target (`experiment=cpu_tiny`, vLLM's `uni` executor as the suite runs it)
 `--starts` times each way, alternating: `forked` inside `fork_servers()` (as a sweep's flow run
 starts its engines; the fork server imports vLLM once, while the first forked engine starts),
 `spawned` without it. Each start is timed from launch to a ready /health and /v1/models, then
@@ -54,8 +54,7 @@ def main() -> int:
     models = args.models or tmp / "models"
     work = args.workdir or tmp / "work"
     tiny.build("target", models)
-    loaded, plan = load_plan(["experiment=cpu_demo", f"paths.models={models}",
-                              "target.max_model_len=512", "backend.engine.max_num_seqs=8",
+    loaded, plan = load_plan(["experiment=cpu_tiny", f"paths.models={models}",
                               "backend.engine.distributed_executor_backend=uni"])
     ec = next(e for e in plan.engine_configs if e.name == "baseline")
     dataset = work / "dataset.jsonl"
