@@ -24,12 +24,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from runner_overhead import code_window  # bench/ is this script's directory
+
 from specflow.config.compose import load_plan
 from specflow.demo import tiny
 from specflow.engine.forkserver import ForkServers, fork_servers
 from specflow.engine.launcher import is_vllm_cpu, vllm_command
 from specflow.engine.loadgen import BenchDriver, bench_env, driver_python
-from specflow.engine.runner import Window, measure_window
+from specflow.engine.runner import measure_window
 from specflow.engine.server import LocalEngine
 
 
@@ -57,13 +59,7 @@ def main() -> int:
     loaded, plan = load_plan(["experiment=cpu_tiny", f"paths.models={models}",
                               "backend.engine.distributed_executor_backend=uni"])
     ec = next(e for e in plan.engine_configs if e.name == "baseline")
-    dataset = work / "dataset.jsonl"
-    dataset.parent.mkdir(parents=True, exist_ok=True)
-    dataset.write_text("".join(
-        json.dumps({"prompt": f"def f{i}(x):\n    y = x * {i}\n    return y + {i}\n"}) + "\n"
-        for i in range(args.prompts)))
-    window = Window("code", "code", dataset, args.prompts, args.max_tokens, args.concurrency,
-                    warmup_requests=2)
+    window = code_window(work, args.prompts, args.max_tokens, args.concurrency, warmups=2)
     python = driver_python(vllm_command())
     if python is None:
         print("cannot derive the vLLM interpreter for the bench driver", file=sys.stderr)

@@ -8,7 +8,8 @@ runs the same window three ways: specflow's runner with its long-lived load gene
 (`driver`), specflow's runner with one `vllm bench serve` process per window (`process`), and
 the plain `vllm bench serve` command a user would type (`plain`, same dataset and warm-ups).
 Prints each one's output throughput (median over repeats), the runner/plain ratio, and the
-wall-clock each window costs beyond its measured duration.
+wall-clock each window costs beyond its measured duration; its last line is a JSON line of the
+figures.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def _plain(engine: LocalEngine, w: Window, out: Path) -> tuple[float, float, flo
     return result["output_throughput"], result["duration"], wall
 
 
+def code_window(work: Path, prompts: int, max_tokens: int, concurrency: int, warmups: int
+                ) -> Window:
+    """A window of `prompts` short code prompts (a dataset file written under `work`)."""
+    dataset = work / "dataset.jsonl"
+    dataset.parent.mkdir(parents=True, exist_ok=True)
+    dataset.write_text("".join(
+        json.dumps({"prompt": f"def f{i}(x):\n    y = x * {i}\n    return y + {i}\n"}) + "\n"
+        for i in range(prompts)))
+    return Window("code", "code", dataset, prompts, max_tokens, concurrency,
+                  warmup_requests=warmups)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -64,17 +77,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="specflow-bench-"))
     models = args.models or tmp / "models"
     work = args.workdir or tmp / "work"
-    tiny.build("target", models)
+    tiny.build("mimo_mtp2", models)  # the CPU demo's target (conf/target/tiny_mimo_mtp2.yaml)
     loaded, plan = load_plan(["experiment=cpu_demo", f"paths.models={models}",
                               "target.max_model_len=512", "backend.engine.max_num_seqs=8"])
     ec = next(e for e in plan.engine_configs if e.name == "baseline")
-    dataset = work / "dataset.jsonl"
-    dataset.parent.mkdir(parents=True, exist_ok=True)
-    dataset.write_text("".join(
-        json.dumps({"prompt": f"def f{i}(x):\n    y = x * {i}\n    return y + {i}\n"}) + "\n"
-        for i in range(args.prompts)))
-    window = Window("code", "code", dataset, args.prompts, args.max_tokens, args.concurrency,
-                    warmup_requests=args.warmups)
+    window = code_window(work, args.prompts, args.max_tokens, args.concurrency, args.warmups)
     python = driver_python(vllm_command())
     if python is None:
         print("cannot derive the vLLM interpreter for the long-lived driver", file=sys.stderr)
@@ -128,6 +135,12 @@ def main() -> int:
           f"{med('process', 2):.2f} s: the long-lived driver saves {saved:.2f} s per window "
           f"(each runner window includes its warm-up run and two /metrics scrapes)")
     print(f"total {time.perf_counter() - t0:.0f} s; logs under {work}")
+    print(json.dumps({"repeats": args.repeats,
+                      "throughput_ratio_driver_plain": round(med("driver", 0) / med("plain", 0), 3),
+                      "throughput_ratio_process_plain": round(
+                          med("process", 0) / med("plain", 0), 3),
+                      "window_wall_s_driver": round(med("driver", 2), 2),
+                      "window_wall_s_process": round(med("process", 2), 2)}))
     return 0
 
 

@@ -326,7 +326,7 @@ def serve() -> dict[str, Any] | None:
             pending += data
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
-                request = json.loads(line)
+                request = {**json.loads(line), "server": os.getpid()}
                 sys.stdout.flush()
                 sys.stderr.flush()
                 try:
@@ -346,6 +346,8 @@ def become(request: Mapping[str, Any]) -> None:
     """In a forked child: become the engine's API server, as the launcher's own process."""
     os.setsid()
     die_with_parent()
+    if os.getppid() != request["server"]:  # the server died before the parent-death signal
+        os._exit(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
