@@ -12,8 +12,8 @@ of `subprocess.Popen`'s interface that `LocalEngine` uses, so the engine is supe
 stopped (its process group) as a spawned one is.
 
 A fork server serves one environment (the engine's, all of it): what vLLM and OpenMP read while
-importing is what a fresh process would read. It dies with the process that started it (the
-parent-death signal, and the end of its input), and its children die with it.
+importing is what a fresh process would read. It ends when its input does, when the process
+that started it closes it or dies, and its children die with it (their parent-death signal).
 
 Only the vllm-cpu launcher is forked this way (`forkable`): on a GPU the import is a smaller
 share of an engine start (CUDA graphs, weights), and forking after vLLM resolved its platform
@@ -40,6 +40,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+import psutil
 
 from specflow.engine.launcher import LAUNCHER_MODULE, install_version_shim
 
@@ -90,9 +92,14 @@ class ForkedProcess:
         self._server = server
         self.pid = pid
         self.returncode: int | None = None
+        try:  # this process, not another that gets its PID later
+            self._process: psutil.Process | None = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            self._process = None
 
     def poll(self) -> int | None:
-        self.returncode = self._server.exit_status(self.pid)
+        if self.returncode is None:
+            self.returncode = self._server.exit_status(self.pid, self._process)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -108,11 +115,16 @@ class ForkServer:
     """One fork server process and the thread that reads its answers."""
 
     def __init__(self, env: Mapping[str, str], log: Path):
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", MODULE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=err, env=dict(env), start_new_session=True, preexec_fn=die_with_parent)
+        # It ends when its input does: when this process closes it, or dies (whichever of its
+        # threads started it; a parent-death signal would follow the thread).
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as err:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=err, env=dict(env), start_new_session=True)
+        except OSError as exc:
+            raise ForkServerError(f"cannot start the fork server: {exc}") from None
         self._news = threading.Condition()
         self._replies: deque[dict[str, Any]] = deque()
         self._exits: dict[int, int] = {}
@@ -136,6 +148,8 @@ class ForkServer:
                 raise ForkServerError(f"the fork server is gone ({exc})") from None
             with self._news:
                 if not self._news.wait_for(lambda: self._replies or self._ended, timeout):
+                    # ended, so that it never forks the request this start stops waiting for
+                    self.proc.kill()
                     raise ForkServerError(f"the fork server did not answer within {timeout:g} s")
                 if not self._replies:
                     raise ForkServerError(f"the fork server ended (exit code {self.proc.poll()})")
@@ -144,14 +158,15 @@ class ForkServer:
             raise ForkServerError(str(reply.get("error", reply)))
         return ForkedProcess(self, int(reply["pid"]))
 
-    def exit_status(self, pid: int) -> int | None:
+    def exit_status(self, pid: int, process: psutil.Process | None) -> int | None:
         """The child's returncode once it ended; None while it runs. A child left behind by a
-        fork server that ended got SIGTERM (its parent-death signal): -SIGTERM once it is gone."""
+        fork server that ended got SIGTERM (its parent-death signal), and its exit status went
+        to whoever adopted it: -SIGTERM once it is gone (`process`, taken when it was forked)."""
         with self._news:
             if pid in self._exits:
                 return self._exits[pid]
             ended = self._ended
-        if ended and not _exists(pid):
+        if ended and not _running(process):
             return -signal.SIGTERM
         return None
 
@@ -188,6 +203,8 @@ class ForkServer:
                 if "exited" in message:
                     self._exits[int(message["exited"])] = int(message["rc"])
                 elif "ready" not in message:
+                    if "pid" in message:  # a PID used again: its earlier child's status is old
+                        self._exits.pop(int(message["pid"]), None)
                     self._replies.append(message)
                 self._news.notify_all()
         with self._news:
@@ -195,14 +212,13 @@ class ForkServer:
             self._news.notify_all()
 
 
-def _exists(pid: int) -> bool:
+def _running(process: psutil.Process | None) -> bool:
+    """The process is alive (not ended, not a zombie, its PID not another's since)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return process is not None and process.is_running() and \
+            process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ForkServers:
@@ -220,6 +236,8 @@ class ForkServers:
         with self._lock:
             server = self._servers.get(key)
             if server is None or not server.alive:
+                if server is not None:
+                    server.close()
                 server = ForkServer(env, log.parent / "fork-server.log")
                 self._servers[key] = server
         return server.spawn(argv, env, Path.cwd(), log, timeout)
