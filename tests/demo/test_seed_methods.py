@@ -2,7 +2,7 @@
 on tiny offline models, compiled through the same conf/drafter entries as the real checkpoints;
 the MTP depth rule as vLLM states it; DSpark refused on the CPU engine before anything starts.
 
-Engine starts (~25 s each on two cores) are the cost, so every engine config starts once and
+Engine starts are the cost (docs/benchmarks.md), so every engine config starts once and
 every check reads the same starts: the main job `python -m specflow experiment=cpu_seed_methods`
 (Prefect + MLflow) measures native MTP (baseline, N=1, N=2) in a background process while this
 process measures Gemma 4 MTP (baseline, N=1, N=2), DFlash (baseline, N=2, N=4) and one random
@@ -268,7 +268,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path, prefect_ap
     try:
         with shared_drivers(), fork_servers():  # as a sweep's: one bench driver, forked engines
             starts = _direct_starts(models, tmp_path_factory.mktemp("direct"))
-        job.wait(timeout=1500)  # ~7 min beside another test module's engines
+        job.wait(timeout=1500)  # minutes beside another test module's engines
     finally:
         if job.poll() is None:
             job.kill()
