@@ -57,7 +57,8 @@ PRELOAD = ("vllm.entrypoints.cli.main", "vllm.entrypoints.cli.serve",
 
 
 def die_with_parent() -> None:
-    """In a child before exec: SIGTERM it when specflow dies, so a killed sweep leaves no engine.
+    """In a child (before exec, or a forked engine): SIGTERM it when its parent dies, so a
+    killed sweep leaves no engine.
 
     Engines run in their own process group (stopped as a group), which also shields them from a
     kill of specflow's group; Linux's parent-death signal closes that gap. Elsewhere a no-op.
