@@ -46,7 +46,7 @@ import psutil
 from specflow.engine.launcher import LAUNCHER_MODULE, install_version_shim
 
 __all__ = ["ForkServerError", "ForkServers", "ForkedProcess", "die_with_parent", "fork_servers",
-           "forkable", "shared"]
+           "forkable", "process_alive", "shared"]
 
 MODULE = "specflow.engine.forkserver"
 # What `vllm serve` imports before it loads a model: the CLI, the OpenAI server, the engine
@@ -167,7 +167,7 @@ class ForkServer:
             if pid in self._exits:
                 return self._exits[pid]
             ended = self._ended
-        if ended and not _running(process):
+        if ended and (process is None or not process_alive(process)):
             return -signal.SIGTERM
         return None
 
@@ -213,13 +213,14 @@ class ForkServer:
             self._news.notify_all()
 
 
-def _running(process: psutil.Process | None) -> bool:
-    """The process is alive (not ended, not a zombie, its PID not another's since)."""
+def process_alive(proc: psutil.Process) -> bool:
+    """True while `proc` runs: a zombie has ended, a reused PID is another process."""
     try:
-        return process is not None and process.is_running() and \
-            process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess included
         return False
+    except psutil.AccessDenied:  # it exists; only its state is hidden
+        return True
 
 
 class ForkServers:

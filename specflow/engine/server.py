@@ -29,7 +29,13 @@ from typing import Literal
 import psutil
 
 from specflow.engine import forkserver
-from specflow.engine.forkserver import ForkedProcess, ForkServerError, die_with_parent, forkable
+from specflow.engine.forkserver import (
+    ForkedProcess,
+    ForkServerError,
+    die_with_parent,
+    forkable,
+    process_alive,
+)
 from specflow.engine.launcher import vllm_command
 from specflow.spec.compile import EngineConfig, secret_option
 from specflow.spec.schema import EndpointBackend, LocalBackend
@@ -193,16 +199,6 @@ def tail(path: Path, start: int = 0, lines: int = LOG_TAIL_LINES) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Processes (psutil: a process is its PID and start time, so a reused PID is another process)
-
-
-def process_alive(proc: psutil.Process) -> bool:
-    """True while `proc` runs: a zombie has ended, a reused PID is another process."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:  # ZombieProcess included
-        return False
-    except psutil.AccessDenied:  # it exists; only its state is hidden
-        return True
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
