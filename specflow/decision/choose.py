@@ -678,10 +678,13 @@ def _class_verdicts(traffic_class: str, bands: Sequence[Band], band_notes: Seque
 
 def _raced(inputs: _BandInputs, band: Band, state: BandState | None) -> list[Verdict]:
     """A racing sweep's verdicts in one band: the selected candidate judged on its confirmation
-    starts only, every other candidate on all its data with how the race dropped it."""
+    starts only (on its exploration starts when the race confirmed it there, a clear case),
+    every other candidate on all its data with how the race dropped it."""
     selected = state.contenders[0] if state is not None and state.status in (
         "confirmed", "confirming", "unresolved") and len(state.contenders) == 1 else None
-    confirm_inputs = dataclasses.replace(inputs, stage="confirm")
+    confirm_inputs = dataclasses.replace(
+        inputs, stage=state.evidence if state is not None and state.status == "confirmed"
+        else "confirm")
     why = dict(state.dropped) if state is not None else {}
     out = []
     for v in _band_verdicts(inputs, band):

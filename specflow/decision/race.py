@@ -36,6 +36,9 @@ class BandState:
     at the look's futility share, outranked); the others were dropped for another's selection."""
     looks: int = 0
     """Confirmation looks taken."""
+    evidence: Literal["explore", "confirm"] = "confirm"
+    """The engine starts a confirmed winner was shown on: its fresh confirmation starts, or
+    (a clear case, confirmed early) its exploration starts."""
     why: str = ""
     notes: tuple[tuple[str, str], ...] = ()
     """(engine hash, note) of what the search checked on the way (an adaptive search's chain

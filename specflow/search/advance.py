@@ -20,7 +20,15 @@ from specflow.decision.race import BandState, Interval
 from specflow.records.measurement import Measurement
 from specflow.search import predict
 from specflow.search.budget import clear_leader, dominated
-from specflow.search.plan import BandKey, Shape, _fast, split_baseline
+from specflow.search.plan import (
+    BandKey,
+    Shape,
+    _fast,
+    confirm_alpha,
+    early_alpha,
+    early_looks,
+    split_baseline,
+)
 from specflow.spec.schema import PromoteSpec
 from specflow.stats.critical import z_upper
 from specflow.stats.multiplicity import holm
@@ -54,7 +62,7 @@ def _drift_protected(result: Analysis, key: BandKey, verdicts: Mapping[str, obje
             and any(a < m.seq < b for a, b in steps)}
 
 
-def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, object],
+def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                  states: dict[BandKey, BandState], data: Sequence[Measurement],
                  refused: frozenset[str], stage: Stage, index: int
                  ) -> dict[BandKey, BandState]:
@@ -65,11 +73,14 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, obj
     verdicts = _band_estimates(result)
     out = dict(states)
     if stage == "explore":
+        protected: dict[BandKey, set[str]] = {}
         for key, st in states.items():
             if st.status == "exploring":
-                protected = _drift_protected(result, key, verdicts.get(key, {}), data)
-                out[key] = _explore_step(st, verdicts.get(key, {}), protected, promote, index,
-                                         shape.budget.max_rounds)
+                protected[key] = _drift_protected(result, key, verdicts.get(key, {}), data)
+                out[key] = _explore_step(st, verdicts.get(key, {}), protected[key], promote,
+                                         index, shape.budget.max_rounds)
+        if 1 <= index < 1 + early_looks(shape.budget):
+            out = _confirm_early(shape, promote, bands, states, out, verdicts, protected, index)
         return out
     out = _confirm_step(shape, promote, states, verdicts)
     if open_after_exploring(states):  # ruling out may use every start, exploration's too
@@ -354,13 +365,72 @@ def _explore_step(st: BandState, verdicts: Mapping[str, Verdict],
     return now
 
 
+def _early_p(v: Verdict | None, points: int) -> float | None:
+    """A contender's band p-value (speedup <= 1 + margin, its worst point) on its exploration
+    starts, where it may confirm it early: no gate rejects it, every point of the band is
+    measured on at least two of its starts, with the start-to-start variance known there."""
+    if v is None or _gate_reasons(v) or len(v.speedups) < points:
+        return None
+    if any(s.starts < 2 or not s.replicated for s in v.speedups):
+        return None
+    return band_p_value(v)
+
+
+def _confirm_early(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+                   before: Mapping[BandKey, BandState], after: dict[BandKey, BandState],
+                   verdicts: Mapping[BandKey, Mapping[str, Verdict]],
+                   protected: Mapping[BandKey, set[str]], index: int
+                   ) -> dict[BandKey, BandState]:
+    """A clear winner confirmed on its exploration starts, with no confirmation look: its band
+    p-value multiplied by the band's candidates (the selection among them: Bonferroni's bound
+    on every intersection of a closed test) passes Holm over the bands at this look's share of
+    the error (`early_alpha`). A band a baseline step may have distorted waits."""
+    alpha = early_alpha(promote, shape.budget)
+    tested: dict[BandKey, tuple[str, float, float, int]] = {}
+    for key, st in before.items():
+        now = after[key]
+        if st.status != "exploring" or now.status not in ("exploring", "confirming"):
+            continue
+        if protected.get(key, set()) & set(st.contenders):
+            continue
+        pool = now.contenders if now.status == "confirming" else st.contenders
+        m = len(set(st.contenders) | {h for h, _ in st.dropped})
+        points = len(bands[key])
+        ps = {h: p for h in pool if h not in now.ruled_out
+              and (p := _early_p(verdicts.get(key, {}).get(h), points)) is not None}
+        if ps:
+            h = min(ps, key=lambda h: ps[h])
+            tested[key] = (h, ps[h], min(1.0, m * ps[h]), m)
+    keys = list(tested)
+    passed = holm([tested[k][2] for k in keys], alpha)
+    for key, ok in zip(keys, passed, strict=True):
+        if not ok:
+            continue
+        h, p, adjusted, m = tested[key]
+        now, v = after[key], verdicts[key][h]
+        iv = _interval(v)
+        gone = {g for g, _ in now.dropped if g != h}
+        name = v.engine
+        others = tuple((g, f"round {index}: {name} confirmed instead")
+                       for g in before[key].contenders if g != h and g not in gone)
+        after[key] = replace(
+            now, status="confirmed", contenders=(h,), evidence="explore",
+            dropped=(*((g, why) for g, why in now.dropped if g != h), *others),
+            estimates={h: iv} if iv is not None else {},
+            why=f"confirmed on its exploration engine starts (p = {p:.2g} x {m} candidates "
+                f"= {adjusted:.2g} <= Holm's threshold over {len(keys)} bands at alpha "
+                f"{alpha:.3g}, this look's share of the error)")
+    return after
+
+
 def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, BandState],
                   verdicts: Mapping[BandKey, Mapping[str, Verdict]]
                   ) -> dict[BandKey, BandState]:
-    """Holm over the bands being confirmed, at alpha / looks, on confirmation data only."""
+    """Holm over the bands being confirmed, at `confirm_alpha` (one look's share of what the
+    early looks leave), on confirmation data only."""
     out = dict(states)
     confirming = [k for k, st in states.items() if st.status == "confirming"]
-    alpha = (1 - promote.confidence) / 2 / shape.budget.confirm_looks
+    alpha = confirm_alpha(promote, shape.budget)
     pvals, gates = [], []
     for k in confirming:
         v = verdicts.get(k, {}).get(states[k].contenders[0])

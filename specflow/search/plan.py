@@ -172,6 +172,29 @@ def look_futility(promote: PromoteSpec, budget: BudgetSpec) -> float:
     return promote.futility / 2 / (budget.max_rounds + budget.confirm_looks)
 
 
+def early_looks(budget: BudgetSpec) -> int:
+    """Exploration looks that may confirm a winner early: every round but the first (a
+    candidate has one engine start there, and one start's effect must not decide)."""
+    return budget.max_rounds - 1 if budget.early_share > 0 else 0
+
+
+def early_alpha(promote: PromoteSpec, budget: BudgetSpec) -> float:
+    """The one-sided error one exploration look may spend on confirming a winner on its
+    exploration starts (Holm over the bands; each p-value multiplied by its band's candidates
+    for the selection among them): `early_share` of it, evenly over `early_looks`."""
+    looks = early_looks(budget)
+    return (1 - promote.confidence) / 2 * budget.early_share / looks if looks else 0.0
+
+
+def confirm_alpha(promote: PromoteSpec, budget: BudgetSpec) -> float:
+    """The one-sided error one confirmation look spends (Holm over the bands it confirms): what
+    the exploration looks leave, evenly over `confirm_looks`. With `early_alpha`'s looks the
+    chance of confirming a winner that does not beat 1 + margin stays within the error rate
+    (Bonferroni over every look)."""
+    early = budget.early_share if early_looks(budget) else 0.0
+    return (1 - promote.confidence) / 2 * (1 - early) / budget.confirm_looks
+
+
 def final_rules(promote: PromoteSpec) -> PromoteSpec:
     """A race's final decision: the rules with the final look's half of the futility error."""
     return promote.model_copy(update={"futility": promote.futility / 2})

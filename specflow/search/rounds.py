@@ -31,6 +31,7 @@ from specflow.search.plan import (
     _costs,
     _place,
     _windows_per_start,
+    confirm_alpha,
     spent_by,
 )
 from specflow.search.schedules import (
@@ -150,21 +151,19 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
     if stage == "confirm":
         base = plan[0]
         extras = [x for x in plan[1:] if x[0] in extra]  # one start each (`confirm_plan`)
-        winners = [x for x in plan[1:] if x[0] != shape.baseline and x[0] not in extra]
-        per = len({x[0] for x in winners})
-        first, unit = cost([base, *extras]), cost([*winners[:per], base])
+        sized = list(Counter(x for x in plan[1:] if x[0] != shape.baseline
+                             and x[0] not in extra).items())
 
-        def fits(k: int) -> bool:  # a look's cost is linear in its starts per winner
-            return total.plus(first).plus(Spent(
-                k * unit.engine_seconds, k * unit.windows, k * unit.engine_starts)).within(
-                shape.budget)
+        def capped(k: int) -> list:  # each winner's starts capped at k
+            return confirm_plan(base, [(w, min(n, k)) for w, n in sized], extras)
 
-        lo, hi = shape.budget.confirm_starts, len(winners) // max(1, per) - 1
-        if hi >= lo and fits(lo):
-            while lo < hi:  # the largest k that fits (binary search: k can be large)
+        lo, hi = shape.budget.confirm_starts, max((n for _, n in sized), default=0) - 1
+        if hi >= lo and total.plus(cost(capped(lo))).within(shape.budget):
+            while lo < hi:  # the largest cap that fits (binary search: k can be large)
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-            return confirm_plan(base, winners[:per], lo, extras), None
+                lo, hi = (mid, hi) if total.plus(cost(capped(mid))).within(shape.budget) \
+                    else (lo, mid - 1)
+            return capped(lo), None
     return plan, cost(plan)
 
 
@@ -277,7 +276,7 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
     extras = [(h, "confirm", tuple(sorted(others[h])), repeats)
               for h in shape.candidates if h in others]
     starts = _confirm_size(shape, promote, bands, confirming, data, repeats)
-    return "confirm", confirm_plan(base, winners, starts, extras)
+    return "confirm", confirm_plan(base, [(w, starts[w[0]]) for w in winners], extras)
 
 
 def _looks_taken(data: Sequence[Measurement]) -> int:
@@ -328,30 +327,38 @@ def settle_plan(base: tuple, extras: Sequence[tuple[tuple, int]], k: int) -> lis
     return plan
 
 
-def confirm_plan(base: tuple, winners: list, k: int, extras: Sequence[tuple] = ()) -> list:
-    """A confirmation look: k starts of each winner, a fresh baseline start around each; the
-    `extras` (open bands' contenders, one start each) before the last baseline start."""
+def confirm_plan(base: tuple, winners: Sequence[tuple[tuple, int]], extras: Sequence[tuple] = ()
+                 ) -> list:
+    """A confirmation look: each winner started as often as its band needs (front-loaded: the
+    i-th row holds the winners needing more than i starts), a fresh baseline start around each
+    row; the `extras` (open bands' contenders, one start each) before the last baseline start."""
+    k = max((n for _, n in winners), default=1)
     plan = [base]
     for i in range(k):
-        plan += [*winners, *(extras if i == k - 1 else ()), base]
+        plan += [*(w for w, n in winners if n > i), *(extras if i == k - 1 else ()), base]
     return plan
 
 
 def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                   confirming: Mapping[BandKey, BandState], data: Sequence[Measurement],
-                  repeats: int) -> int:
-    """Engine starts per winner for one confirmation look: enough for 90% power at the
-    exploration estimate (halfway to its lower bound, against the winner's curse), at the
-    corrected alpha and the noise measured so far with `repeats` windows per start, at least
-    `confirm_starts`, at most `max_confirm_starts` (see `BudgetSpec`). A look of k winner
-    starts has k + 1 baseline starts around them: var ~ v_winner / k + v_baseline / k."""
+                  repeats: int) -> dict[str, int]:
+    """Engine starts of each winner for one confirmation look: enough for 90% power at the
+    exploration estimate (halfway to its lower bound, against the winner's curse) in every
+    band it is confirmed in, at the corrected alpha and the noise measured so far with
+    `repeats` windows per start, at least `confirm_starts`, at most `max_confirm_starts` (see
+    `BudgetSpec`). k winner starts have about k baseline starts around them: var ~ v_winner / k
+    + v_baseline / k."""
     budget = shape.budget
-    alpha = (1 - promote.confidence) / 2 / budget.confirm_looks / max(1, len(confirming))
+    alpha = confirm_alpha(promote, budget) / max(1, len(confirming))
     z_alpha, z_power = z_upper(alpha), z_upper(0.1)
     blocks = usable_starts(data)
-    need = budget.confirm_starts
+    cap = budget.max_confirm_starts
+    if cap is None:
+        cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)
+    need: dict[str, int] = {}
     for key, st in confirming.items():
         h = st.contenders[0]
+        need[h] = max(need.get(h, 0), budget.confirm_starts)
         iv = st.estimates.get(h)
         if iv is None or iv.lo <= 0:
             continue
@@ -364,11 +371,8 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
             # an estimate near 0 would size a look with no power against a start effect
             start_var = noise.start_var_upper(0.8)
             var = sum(start_var + noise.window_var(e) / repeats for e in (h, shape.baseline))
-            need = max(need, math.ceil(starts_for_power(var, gap, z_alpha, z_power)))
-    cap = budget.max_confirm_starts
-    if cap is None:
-        cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)
-    return min(need, cap)
+            need[h] = max(need[h], math.ceil(starts_for_power(var, gap, z_alpha, z_power)))
+    return {h: min(n, cap) for h, n in need.items()}
 
 
 def _out_of_budget(states: Mapping[BandKey, BandState], total: Spent,

@@ -79,8 +79,8 @@ def _pending_schedules(shape: Shape, promote: PromoteSpec,
 
 def _schedule_round(shape: Shape, pending: Iterable[tuple[ScheduleCheck, EngineConfig]],
                     data: Sequence[Measurement]) -> list:
-    """Each schedule engine started `confirm_starts` times at the levels around its thresholds,
-    with baseline starts at the same points around every start."""
+    """Each schedule engine started `confirm_starts` times (at least twice) at the levels around
+    its thresholds, with baseline starts at the same points around every start."""
     pending = list(pending)
     if not pending:
         return []
@@ -91,7 +91,7 @@ def _schedule_round(shape: Shape, pending: Iterable[tuple[ScheduleCheck, EngineC
     repeats = _windows_per_start(shape, data)
     base = (shape.baseline, "schedule", every, repeats)
     plan = [base]
-    for _ in range(shape.budget.confirm_starts):
+    for _ in range(max(2, shape.budget.confirm_starts)):
         plan += [*((c.engine_hash, "schedule", points[c.engine_hash], repeats)
                    for c, _ in pending), base]
     return plan

@@ -440,7 +440,7 @@ class BudgetSpec(_Model):
     """Engine starts; null: unbounded."""
     max_rounds: int = Field(default=6, ge=1, le=100)
     """Exploration rounds before the best contender is selected (or the band is unresolved)."""
-    confirm_starts: int = Field(default=2, ge=2, le=100)
+    confirm_starts: int = Field(default=2, ge=1, le=100)
     """Fewest fresh engine starts of a band's winner per confirmation look."""
     max_confirm_starts: int | None = Field(default=None, ge=2, le=10_000)
     """Most per look; a look is sized for 90% power from the measured noise. null: as many as
@@ -450,7 +450,12 @@ class BudgetSpec(_Model):
     the noise measured so far (more windows when they are noisier than starts are), at least
     `sweep.repeats`; null: 4 x `sweep.repeats`."""
     confirm_looks: int = Field(default=2, ge=1, le=10)
-    """Confirmation looks; the error rate is split evenly over them."""
+    """Confirmation looks; the error rate left after `early_share` is split evenly over them."""
+    early_share: float = Field(default=0.05, ge=0, lt=1)
+    """Share of the error rate a race spends on confirming a clear winner on its exploration
+    starts alone, split evenly over the exploration rounds after the first (each candidate's
+    p-value multiplied by the band's candidates: the selection among them); the rest is the
+    confirmation looks'. 0: every winner is confirmed on fresh engine starts."""
     baseline_every: int = Field(default=4, ge=1, le=1000)
     """Candidate engine starts between two baseline starts (the time-local baseline)."""
 

@@ -18,7 +18,13 @@ from specflow.records.measurement import AGAIN, Measurement
 from specflow.results.console import round_lines
 from specflow.results.report import rounds_table, write_report
 from specflow.search import rounds, simulate
-from specflow.search.plan import final_rules, look_futility
+from specflow.search.plan import (
+    confirm_alpha,
+    early_alpha,
+    early_looks,
+    final_rules,
+    look_futility,
+)
 from specflow.search.schedules import measured_schedules
 from specflow.spec.compile import with_schedule
 from specflow.spec.schema import BudgetSpec, PromoteSpec
@@ -161,23 +167,39 @@ def test_a_a_family_of_eight_candidates_and_four_bands_promotes_nothing() -> Non
             assert _winners(_decide(scn, prog, ms)) == set(), (design, seed)
 
 
-def test_a_true_gain_is_selected_then_confirmed_on_fresh_starts() -> None:
+def test_a_true_gain_is_selected_then_confirmed_on_fresh_starts_or_early_when_clear() -> None:
+    """A true +25% at CV 3%. Three bands select c3 on its one exploration start and confirm it
+    on fresh starts alone. The fourth keeps exploring; on c3's second start its p-value, times
+    the band's 8 candidates (the selection among them), passes the exploration look's share of
+    the error, and it is confirmed there with no confirmation look: judged on its exploration
+    starts. With `early_share` 0 every band is confirmed on fresh starts."""
     scn = simulate.scenario("race", gains={3: 1.25})
     prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.01), FAST, 1)
     stages = [r.stage for r in prog.rounds]
     assert stages[0] == "explore" and stages[-1] == "confirm"
     assert {b.status for b in prog.states.values()} == {"confirmed"}
+    early = {k for k, b in prog.states.items() if b.evidence == "explore"}
+    assert early == {("class0", "c8")}, prog.states
+    why = prog.states[("class0", "c8")].why
+    assert why.startswith("confirmed on its exploration engine starts (p = ") and \
+        "x 8 candidates" in why, why
     result = _decide(scn, prog, ms)
     assert _winners(result) == {"c3"}
+    c3 = {(m.key.start, m.stage) for m in ms if m.key.engine_hash == "c3"}
     for r in result.classes:
         for d in r.decisions:
-            worst = d.winner.worst
-            # judged on confirmation starts only: fresh ones, with fresh baseline starts around
-            confirm = {(m.key.engine_hash, m.key.start) for m in ms if m.stage == "confirm"}
-            assert worst.starts == len({b for h, b in confirm if h == "c3"}) >= 2
+            stage = prog.states[(r.traffic_class, d.band.label)].evidence
+            # judged on its confirmation starts only (fresh ones, with fresh baseline starts
+            # around), or on its exploration starts where it was confirmed early
+            assert d.winner.worst.starts == sum(1 for _, s in c3 if s == stage) >= 2, stage
     # the rounds spent engine starts only on what could still win
     assert len({s.engine_hash for s in prog.rounds[0].starts}) == 9
     assert all(s.engine_hash in ("c3", "base") for s in prog.rounds[-1].starts)
+    # no early share: every band waits for its confirmation look
+    late = simulate.scenario("race", gains={3: 1.25}, budget=BudgetSpec(early_share=0))
+    prog, ms = simulate.run_sweep(late, simulate.NoiseModel(cv=0.03, start_sd=0.01), FAST, 1)
+    assert {(b.status, b.evidence) for b in prog.states.values()} == {("confirmed", "confirm")}
+    assert _winners(_decide(late, prog, ms)) == {"c3"}
 
 
 def test_windows_slowed_by_outside_load_neither_sink_a_winner_nor_are_lost(tmp_path,
@@ -275,6 +297,24 @@ def test_a_a_race_concludes_off_and_off_is_promoted(tmp_path) -> None:
         record = promote.champion(tmp_path, r.traffic_class)
         assert record is not None and record.outcome == "off"
         assert {b.outcome for b in record.bands} == {"off"}
+
+
+def test_the_promotion_error_is_spent_across_early_and_confirmation_looks() -> None:
+    """`early_share` of the one-sided error goes to the exploration looks after the first, the
+    rest to the confirmation looks: over all of them a false promotion stays within alpha
+    (Bonferroni). With one exploration round there is no early look and confirmation keeps it
+    all. A confirmation look starts each winner as often as its band needs."""
+    alpha = (1 - FAST.confidence) / 2
+    for budget in (BudgetSpec(), BudgetSpec(max_rounds=3, confirm_looks=1, early_share=0.5),
+                   BudgetSpec(max_rounds=1), BudgetSpec(early_share=0)):
+        spent = (early_alpha(FAST, budget) * early_looks(budget)
+                 + confirm_alpha(FAST, budget) * budget.confirm_looks)
+        assert math.isclose(spent, alpha), budget
+    assert early_looks(BudgetSpec()) == 5 and early_looks(BudgetSpec(max_rounds=1)) == 0
+    assert confirm_alpha(FAST, BudgetSpec(max_rounds=1)) == alpha / 2
+    base, a, b, x = ("base",), ("a",), ("b",), ("x",)
+    assert rounds.confirm_plan(base, [(a, 3), (b, 1)], [x]) == [
+        base, a, b, base, a, base, a, x, base]
 
 
 def test_futility_is_spent_across_the_looks() -> None:
