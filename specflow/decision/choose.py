@@ -18,7 +18,8 @@ Statistics, and why:
   its test's p-value is the largest of its points' (intersection-union).
 - Errors per deployment: a grid is Holm-corrected over every class x band x candidate
   (`family="holm"`); a race judges each band's selected winner on its confirmation starts only
-  (`race=`), the race itself having corrected over the bands it confirmed.
+  (on its exploration starts where the race confirmed it early) (`race=`), the race itself
+  having corrected over the bands it confirmed.
 
 Decision rule: a candidate is eligible in a band when it was not refused by headroom, ran without
 failing at every point, keeps temperature-0 outputs equal to the baseline's (at every concurrency
@@ -458,8 +459,9 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
     `family="holm"` (a grid sweep) corrects the speedup tests over every class x band x
     candidate; "none" leaves them per comparison (racing's exploration views). `stage` limits the
     speedups to exploration or confirmation starts. `race`: racing's final band states; the
-    selected candidate of each band is then judged on its confirmation starts only and the others
-    by how the race eliminated them. `partial`: a race in progress, whose candidates may be
+    selected candidate of each band is then judged on its confirmation starts only (on its
+    exploration starts where it was confirmed early) and the others by how the race eliminated
+    them. `partial`: a race in progress, whose candidates may be
     measured only at the points of the bands they contend in (as with `race`).
     Raises AnalysisError, listing every point to (re-)measure, when the data cannot carry a
     decision."""
@@ -563,7 +565,12 @@ def _decide_class(staged: _ClassVerdicts,
     for band, verdicts in zip(staged.bands, staged.verdicts, strict=True):
         state = race.get((inputs.traffic_class, band.label)) if race is not None else None
         unresolved = state.why if state is not None and state.status == "unresolved" else ""
-        decisions.append(_decide_band(inputs, band, verdicts, unresolved))
+        d = _decide_band(inputs, band, verdicts, unresolved)
+        if d.winner is not None and state is not None and state.evidence == "explore":
+            d = dataclasses.replace(d, reasons=(*d.reasons, (
+                f"{state.why}; its interval is on the exploration starts it was selected on, "
+                "high by the selection, which the test paid for (x candidates)")))
+        decisions.append(d)
     explicit = bool(promote.concurrency_bands)
     deployment, dep_notes = _deployment(inputs.traffic_class, decisions,
                                         inputs.baseline_points[0],

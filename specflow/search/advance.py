@@ -80,7 +80,7 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tup
                 out[key] = _explore_step(st, verdicts.get(key, {}), protected[key], promote,
                                          index, shape.budget.max_rounds)
         if 1 <= index < 1 + early_looks(shape.budget):
-            out = _confirm_early(shape, promote, bands, states, out, verdicts, protected, index)
+            out = _confirm_early(shape, promote, bands, states, out, verdicts, protected)
         return out
     out = _confirm_step(shape, promote, states, verdicts)
     if open_after_exploring(states):  # ruling out may use every start, exploration's too
@@ -379,47 +379,42 @@ def _early_p(v: Verdict | None, points: int) -> float | None:
 def _confirm_early(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                    before: Mapping[BandKey, BandState], after: dict[BandKey, BandState],
                    verdicts: Mapping[BandKey, Mapping[str, Verdict]],
-                   protected: Mapping[BandKey, set[str]], index: int
-                   ) -> dict[BandKey, BandState]:
-    """A clear winner confirmed on its exploration starts, with no confirmation look: its band
-    p-value multiplied by the band's candidates (the selection among them: Bonferroni's bound
-    on every intersection of a closed test) passes Holm over the bands at this look's share of
-    the error (`early_alpha`). A band a baseline step may have distorted waits."""
+                   protected: Mapping[BandKey, set[str]]) -> dict[BandKey, BandState]:
+    """A clear winner confirmed on its exploration starts, with no confirmation look: a band
+    that selects its winner in this round, on at least two of the winner's starts at every
+    point, confirms it when its band p-value multiplied by the band's candidates (the selection
+    among them: Bonferroni's bound on every intersection of a closed test) passes Holm at this
+    look's share of the error (`early_alpha`) over every band of the race, a band not tested
+    entering with p = 1 (a family fixed before the data: one chosen by which bands look
+    convincing would make Holm too lenient). Only a selecting band can pass: a p-value that
+    small puts the contender's lower bound above the margin, which selects it. A band a
+    baseline step may have distorted waits."""
     alpha = early_alpha(promote, shape.budget)
     tested: dict[BandKey, tuple[str, float, float, int]] = {}
     for key, st in before.items():
         now = after[key]
-        if st.status != "exploring" or now.status not in ("exploring", "confirming"):
+        if st.status != "exploring" or now.status != "confirming":
             continue
         if protected.get(key, set()) & set(st.contenders):
             continue
-        pool = now.contenders if now.status == "confirming" else st.contenders
-        m = len(set(st.contenders) | {h for h, _ in st.dropped})
-        points = len(bands[key])
-        ps = {h: p for h in pool if h not in now.ruled_out
-              and (p := _early_p(verdicts.get(key, {}).get(h), points)) is not None}
-        if ps:
-            h = min(ps, key=lambda h: ps[h])
-            tested[key] = (h, ps[h], min(1.0, m * ps[h]), m)
-    keys = list(tested)
-    passed = holm([tested[k][2] for k in keys], alpha)
+        h = now.contenders[0]
+        p = _early_p(verdicts.get(key, {}).get(h), len(bands[key]))
+        if p is not None:
+            m = len(set(st.contenders) | {g for g, _ in st.dropped})
+            tested[key] = (h, p, min(1.0, m * p), m)
+    keys = list(before)
+    passed = holm([tested[k][2] if k in tested else 1.0 for k in keys], alpha)
     for key, ok in zip(keys, passed, strict=True):
-        if not ok:
+        if not ok or key not in tested:
             continue
         h, p, adjusted, m = tested[key]
-        now, v = after[key], verdicts[key][h]
-        iv = _interval(v)
-        gone = {g for g, _ in now.dropped if g != h}
-        name = v.engine
-        others = tuple((g, f"round {index}: {name} confirmed instead")
-                       for g in before[key].contenders if g != h and g not in gone)
+        now = after[key]
         after[key] = replace(
-            now, status="confirmed", contenders=(h,), evidence="explore",
-            dropped=(*((g, why) for g, why in now.dropped if g != h), *others),
-            estimates={h: iv} if iv is not None else {},
+            now, status="confirmed", evidence="explore",
+            estimates={g: iv for g, iv in now.estimates.items() if g == h},
             why=f"confirmed on its exploration engine starts (p = {p:.2g} x {m} candidates "
-                f"= {adjusted:.2g} <= Holm's threshold over {len(keys)} bands at alpha "
-                f"{alpha:.3g}, this look's share of the error)")
+                f"= {adjusted:.2g} <= Holm's threshold over the race's {len(keys)} bands at "
+                f"alpha {alpha:.3g}, this look's share of the error)")
     return after
 
 

@@ -332,7 +332,7 @@ def confirm_plan(base: tuple, winners: Sequence[tuple[tuple, int]], extras: Sequ
     """A confirmation look: each winner started as often as its band needs (front-loaded: the
     i-th row holds the winners needing more than i starts), a fresh baseline start around each
     row; the `extras` (open bands' contenders, one start each) before the last baseline start."""
-    k = max((n for _, n in winners), default=1)
+    k = max(1, *(n for _, n in winners))
     plan = [base]
     for i in range(k):
         plan += [*(w for w, n in winners if n > i), *(extras if i == k - 1 else ()), base]

@@ -192,6 +192,9 @@ def test_a_true_gain_is_selected_then_confirmed_on_fresh_starts_or_early_when_cl
             # judged on its confirmation starts only (fresh ones, with fresh baseline starts
             # around), or on its exploration starts where it was confirmed early
             assert d.winner.worst.starts == sum(1 for _, s in c3 if s == stage) >= 2, stage
+            # the decision says how it was shown, in the console's, report's and MLflow's words
+            assert any(r.startswith("confirmed on its exploration engine starts")
+                       for r in d.reasons) == (stage == "explore"), d.reasons
     # the rounds spent engine starts only on what could still win
     assert len({s.engine_hash for s in prog.rounds[0].starts}) == 9
     assert all(s.engine_hash in ("c3", "base") for s in prog.rounds[-1].starts)
