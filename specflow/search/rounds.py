@@ -157,12 +157,14 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
         def capped(k: int) -> list:  # each winner's starts capped at k
             return confirm_plan(base, [(w, min(n, k)) for w, n in sized], extras)
 
+        def fits(k: int) -> bool:
+            return total.plus(cost(capped(k))).within(shape.budget)
+
         lo, hi = shape.budget.confirm_starts, max((n for _, n in sized), default=0) - 1
-        if hi >= lo and total.plus(cost(capped(lo))).within(shape.budget):
+        if hi >= lo and fits(lo):
             while lo < hi:  # the largest cap that fits (binary search: k can be large)
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if total.plus(cost(capped(mid))).within(shape.budget) \
-                    else (lo, mid - 1)
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
             return capped(lo), None
     return plan, cost(plan)
 
@@ -332,7 +334,7 @@ def confirm_plan(base: tuple, winners: Sequence[tuple[tuple, int]], extras: Sequ
     """A confirmation look: each winner started as often as its band needs (front-loaded: the
     i-th row holds the winners needing more than i starts), a fresh baseline start around each
     row; the `extras` (open bands' contenders, one start each) before the last baseline start."""
-    k = max(1, *(n for _, n in winners))
+    k = max([1, *(n for _, n in winners)])
     plan = [base]
     for i in range(k):
         plan += [*(w for w, n in winners if n > i), *(extras if i == k - 1 else ()), base]

@@ -318,6 +318,7 @@ def test_the_promotion_error_is_spent_across_early_and_confirmation_looks() -> N
     base, a, b, x = ("base",), ("a",), ("b",), ("x",)
     assert rounds.confirm_plan(base, [(a, 3), (b, 1)], [x]) == [
         base, a, b, base, a, base, a, x, base]
+    assert rounds.confirm_plan(base, [], [x]) == [base, x, base]  # extras only: one row
 
 
 def test_futility_is_spent_across_the_looks() -> None:
