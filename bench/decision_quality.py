@@ -19,8 +19,10 @@ is slowed to a uniform 0.5-0.8 of its throughput, independently of the others: a
 sharing the host's cores for about one window (on this 2-core machine a concurrent test run
 roughly halves a window's throughput; on a GPU node, a co-tenant's CPU-bound job or a neighbour
 saturating the host's PCIe or memory bandwidth slows the scheduler and sampling steps alike).
-A whole engine start slowed is the start effect above. `power_interference_cv3_gain10` is the
-+10% row's power.
+A whole engine start slowed is the start effect above. As a racing sweep's start does, each
+simulated start then measures once more the windows the screen calls slowed (their own noise, their
+own 5% chance of a hit; `specflow.search.simulate`), and pays their seconds.
+`power_interference_cv3_gain10` is the +10% row's power.
 Other shapes: "split" (c3 +10% at level 1, -10% at level 8; right: c3 at level 1, off at level
 8; a promotion at level 8 counts as wrong), "tied" (c3 +10% and c5 +9%, one N apart on the same
 drafter; either is right). Cost profiles: "cpu" (above) and "gpu" (an 8B target on one H200:

@@ -70,7 +70,7 @@ def screened_starts(measurements: Iterable[Measurement]
         again = WindowKey(s.engine_hash, w, c, s.repeat + AGAIN, s.start)
         slowed.append(SlowedWindow(s.engine_hash, names[s.engine_hash], w, c, s.start,
                                    s.repeat, s.ratio, s.z,
-                                   again.repeat if again.id in ids else None))
+                                   again.repeat if again.id in ids else None, s.together))
     return kept, slowed
 
 

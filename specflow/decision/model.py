@@ -133,19 +133,26 @@ class SlowedWindow:
     start: int
     repeat: int
     ratio: float
-    """Its throughput over the median of its start's other windows."""
+    """Its throughput over the median of its start's other windows (`together`: of those left
+    in)."""
     z: float
-    """How many robust SDs below its start's median (negative)."""
+    """How many robust SDs below its start's median (`together`: its fastest window)
+    (negative)."""
     again: int | None = None
     """The repeat of the window measured again in its place on the same engine start (a racing
     sweep's start measures each slowed window once more); None where it was not."""
+    together: bool = False
+    """Slowed with most of its start's windows at the point: found by the point's level against
+    the start's other points, and judged against the start's fastest window there."""
 
     def text(self) -> str:
         then = (f"; measured again as repeat {self.again}" if self.again is not None
                 else "")
+        basis = ("its start's windows left in (slowed with others there; "
+                 f"{self.z:.1f} robust SDs below its fastest)" if self.together
+                 else f"its start's other windows ({self.z:.1f} robust SDs)")
         return (f"{self.engine} at {self.workload} c={self.concurrency}, start {self.start} "
-                f"repeat {self.repeat}: {self.ratio:.2f}x its start's other windows "
-                f"({self.z:.1f} robust SDs){then}")
+                f"repeat {self.repeat}: {self.ratio:.2f}x {basis}{then}")
 
 
 @dataclass(frozen=True)

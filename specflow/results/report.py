@@ -450,12 +450,17 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
                   "median), so it is left out of the speedups and the noise estimates; it "
                   "stays in the ledger and counts as a repeat, and the start's "
                   "other windows carry its estimate, with the window measured again in its "
-                  "place on the same start where there is one.", "",
-                  "| engine | workload | concurrency | start | repeat | throughput / its start's "
-                  "others | robust SDs | measured again as |", "|---|---|---|---|---|---|---|---|"]
+                  "place on the same start where there is one. Where most of a start's windows "
+                  "at a point were slowed together (the point far below the level the start "
+                  "keeps at its other points, given the config's other starts), they are "
+                  "judged against the start's fastest window there instead (\"together\").",
+                  "", "| engine | workload | concurrency | start | repeat | throughput / its "
+                  "start's others | robust SDs | found | measured again as |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for w in slowed:
             lines.append(f"| {w.engine} | {w.workload} | {w.concurrency} | {w.start} | "
                          f"{w.repeat} | {w.ratio:.3f} | {w.z:.1f} | "
+                         f"{'together' if w.together else 'alone'} | "
                          f"{'-' if w.again is None else f'repeat {w.again}'} |")
     for lv in requests:
         if lv.traffic_class == r.traffic_class:

@@ -10,7 +10,12 @@ tests that pin the decision's properties. The noise model, per window, on output
 - drift: linear over the run order, `drift` in total from the first engine start to the
   `horizon`-th;
 - outside load (`hit`): each window, with probability `hit`, slowed by a factor drawn uniformly
-  from `slowdown` (a background job sharing the host's cores for the window's duration);
+  from `slowdown` (a background job sharing the host's cores for the window's duration). As a
+  racing sweep's start does (`steps.measure`), a planned start then measures each of its windows
+  the screen calls slowed (`decision.aggregate.to_measure_again` on the records so far) once
+  more before its engine stops, numbered `AGAIN` + its repeat, with its own noise and its own
+  chance of being hit. Without outside load this is skipped (for the benches' time: the screen
+  then flags only the noise's own tail, well under 1% of windows, which stay left out);
 - costs: `start_s` per engine start and `window_s` per window (engine-seconds).
 """
 
@@ -25,7 +30,8 @@ from typing import Literal
 
 import numpy as np
 
-from specflow.records.measurement import Measurement
+from specflow.decision.aggregate import to_measure_again
+from specflow.records.measurement import AGAIN, Measurement, WindowKey
 from specflow.search import rounds
 from specflow.search.plan import Design, EngineStart, Round, Shape
 from specflow.spec.schema import BudgetSpec, PromoteSpec
@@ -81,11 +87,13 @@ class Scenario:
 
 
 def window(scn: Scenario, start: EngineStart, key_index: int, value: float, duration_s: float,
-           engine_s: float, rates: tuple[float, ...] = ()) -> Measurement:
-    """One simulated window: identical outputs everywhere (the quality gate passes)."""
+           engine_s: float, rates: tuple[float, ...] = (), key: WindowKey | None = None
+           ) -> Measurement:
+    """One simulated window (the start's `key_index`-th, or `key`): identical outputs
+    everywhere (the quality gate passes)."""
     e = scn.engines.get(start.engine_hash) or Engine(start.engine_hash, "schedule",
                                                       "ngram", 0)
-    key = start.window_keys()[key_index]
+    key = key or start.window_keys()[key_index]
     return Measurement(
         key=key, engine=e.name, drafter=e.method, method=e.method, num_speculative_tokens=e.n,
         traffic_class=scn.shape.workloads[key.workload], output_throughput=value,
@@ -102,27 +110,37 @@ def _draw(noise: NoiseModel, rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(1 + noise.cv * rng.standard_t(3, size) / math.sqrt(3), 0.05, None)
 
 
-def run_round(scn: Scenario, noise: NoiseModel, current: Round, rng: np.random.Generator
-              ) -> list[Measurement]:
-    """Every window of a round, as the engine would have measured them."""
-    out = []
+def run_round(scn: Scenario, noise: NoiseModel, current: Round, rng: np.random.Generator,
+              before: Sequence[Measurement] = (), again: bool = False) -> list[Measurement]:
+    """Every window of a round, as the engine would have measured them. `again` (a planned
+    sweep's rounds, with outside load in `noise`): each start then measures once more the
+    windows the screen calls slowed, on the records `before` the round and the round's own."""
+    out: list[Measurement] = []
     for start in current.starts:
         keys = start.window_keys()
-        gain = np.array([scn.gain(start.engine_hash, k.concurrency, k.workload) for k in keys])
         effect = math.exp(rng.normal(0, noise.start_sd)) if noise.start_sd else 1.0
         drift = 1 + noise.drift * start.seq / max(1, noise.horizon)
-        values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(keys))
-        if noise.hit:  # drawn only then: the other noise models keep their streams
-            hit = rng.random(len(keys)) < noise.hit
-            values[hit] *= rng.uniform(*noise.slowdown, int(hit.sum()))
         clock = noise.start_s
-        for i, v in enumerate(values):
-            clock += noise.window_s
-            true = scn.rates.get((start.engine_hash, keys[i].workload), ())
-            rates = tuple(float(r) for r in np.clip(
-                np.array(true) * (1 + scn.rate_sd * rng.standard_normal(len(true))), 0, 1)
-                ) if true else ()
-            out.append(window(scn, start, i, float(v), noise.window_s, clock, rates))
+        for batch in (keys, None):
+            if batch is None:  # the planned windows are done: those to measure once more
+                if not (again and noise.hit):
+                    break
+                todo = to_measure_again([*before, *out], start.engine_hash, start.start)
+                batch = [WindowKey(start.engine_hash, w, c, r + AGAIN, start.start)
+                         for w, c, r in todo]
+            gain = np.array([scn.gain(start.engine_hash, k.concurrency, k.workload)
+                             for k in batch])
+            values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(batch))
+            if noise.hit:  # drawn only then: the other noise models keep their streams
+                hit = rng.random(len(batch)) < noise.hit
+                values[hit] *= rng.uniform(*noise.slowdown, int(hit.sum()))
+            for i, (k, v) in enumerate(zip(batch, values, strict=True)):
+                clock += noise.window_s
+                true = scn.rates.get((start.engine_hash, k.workload), ())
+                rates = tuple(float(r) for r in np.clip(
+                    np.array(true) * (1 + scn.rate_sd * rng.standard_normal(len(true))), 0, 1)
+                    ) if true else ()
+                out.append(window(scn, start, i, float(v), noise.window_s, clock, rates, k))
     return out
 
 
@@ -135,7 +153,7 @@ def run_sweep(scn: Scenario, noise: NoiseModel, promote: PromoteSpec, seed: int,
         progress = rounds.replay(scn.shape, promote, ms)
         if progress.current is None:
             return progress, ms
-        ms += run_round(scn, noise, progress.current, rng)
+        ms += run_round(scn, noise, progress.current, rng, ms, again=True)
     raise RuntimeError(f"sweep not done after {max_rounds} rounds")
 
 

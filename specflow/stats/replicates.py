@@ -22,7 +22,9 @@ Model, per point (workload x concurrency), on log output throughput:
 
 Windows slowed by outside load (`screen_slowed`): a window far below its own start's median at
 the point, on a robust scale (the larger of the point's and its config's), is left out of the
-start (one-sided; never a start's fastest window).
+start (one-sided; never a start's fastest window); where most of a start's windows at a point
+were slowed together (the point far below the start's level at its other points), against the
+start's fastest window there.
 
 Error control (what `analysis` applies, see DESIGN.md "Deciding"):
 - Grid sweeps: Holm over the whole deployment's family (every class x band x candidate) at
@@ -38,13 +40,14 @@ Error control (what `analysis` applies, see DESIGN.md "Deciding"):
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from specflow.stats.critical import t_value
 
@@ -290,6 +293,8 @@ def starts_by_point(rows: Iterable[tuple[str, str, int, int, int, int, Stage, fl
     return out
 
 
+_NORMAL_MAD = float(special.ndtri(0.75))
+"""The MAD of a standard normal: a MAD over it is normal-consistent."""
 SLOWED_Z = 5.0
 """A window this many robust SDs below its start's other windows was slowed by outside load."""
 MIN_RESIDUALS = 8
@@ -307,9 +312,14 @@ class Slowed:
     start: int
     repeat: int
     ratio: float
-    """Its throughput over the median of its start's other windows at the point."""
+    """Its throughput over the median of its start's other windows at the point (`together`:
+    of those left in)."""
     z: float
-    """Its residual from its start's median, in robust SDs (negative: slower)."""
+    """Its residual from its start's median (`together`: from its start's fastest window at the
+    point), in robust SDs (negative: slower)."""
+    together: bool = False
+    """Slowed with others of its start at the point, which moved the start's median there: found
+    by that point's level against the start's other points (`screen_slowed`, second pass)."""
 
 
 def screen_slowed(points: Mapping[Point, Sequence[StartWindows]]
@@ -329,43 +339,113 @@ def screen_slowed(points: Mapping[Point, Sequence[StartWindows]]
     none that differ), is not used, and a window with neither is not screened. One-sided, so a
     start's fastest window is never left out (nor, therefore, all of its windows). A whole
     engine start slowed is a start effect, which the replicate model and the baseline's drift
-    check already carry."""
+    check already carry.
+
+    Second pass (`_slowed_together`): when outside load slows most of a start's windows at one
+    point (two of three: one block in ~140 at 5% of windows hit), their median is slowed too and
+    the first pass sees nothing. Such a point sits far below the level its start keeps at its
+    other points, against what the config's other starts show there; its windows are then
+    compared with the start's fastest one there instead, on the same scale and threshold."""
+    kept, slowed, scales = _screen_pass(points, {})
+    again, more, _ = _screen_pass(kept, scales, _slowed_together(kept))
+    return again, [*slowed, *more]
+
+
+def _screen_pass(points: Mapping[Point, Sequence[StartWindows]],
+                 scales: Mapping[tuple[Point, int], float],
+                 together: set[tuple[Point, int]] | None = None
+                 ) -> tuple[dict[Point, list[StartWindows]], list[Slowed],
+                            dict[tuple[Point, int], float]]:
+    """One pass of `screen_slowed`: the first (`together` None) against each start's median,
+    with the scales it measures; the second against the fastest window of the `together` blocks
+    only, at the first pass's `scales` (a block's windows are the first pass's survivors, in
+    the same order)."""
     resid: list[tuple[Point, int, int, float]] = []  # (point, block index, window index, r)
     for point, starts in points.items():
         for b, block in enumerate(starts):
-            if block.m >= 2:
-                logs = np.asarray(block.logs)
-                resid += [(point, b, i, float(x)) for i, x in enumerate(logs - np.median(logs))]
-    by_point: dict[Point, list[float]] = defaultdict(list)
-    by_config: dict[str, list[float]] = defaultdict(list)
-    for point, b, _, r in resid:
-        if r != 0.0:  # an odd start's middle window sits at 0 by construction
-            by_point[point].append(r)
-            by_config[points[point][b].engine_hash].append(r)
-    point_scale = {k: _robust_scale(v, MIN_RESIDUALS) for k, v in by_point.items()}
-    # a config's own scale from fewer residuals is moved too much by the slowed ones themselves
-    config_scale = {k: _robust_scale(v, 2 * MIN_RESIDUALS) for k, v in by_config.items()}
+            if together is not None:
+                if (point, b) in together:
+                    top = max(block.logs)
+                    resid += [(point, b, i, x - top) for i, x in enumerate(block.logs)]
+            elif block.m >= 2:  # (statistics.median: numpy's costs more than a start's windows)
+                mid = statistics.median(block.logs)
+                resid += [(point, b, i, x - mid) for i, x in enumerate(block.logs)]
+    if together is None:
+        by_point: dict[Point, list[float]] = defaultdict(list)
+        by_config: dict[str, list[float]] = defaultdict(list)
+        for point, b, _, r in resid:
+            if r != 0.0:  # an odd start's middle window sits at 0 by construction
+                by_point[point].append(r)
+                by_config[points[point][b].engine_hash].append(r)
+        point_scale = {k: _robust_scale(v, MIN_RESIDUALS) for k, v in by_point.items()}
+        # a config's own scale from fewer residuals is moved too much by the slowed ones themselves
+        config_scale = {k: _robust_scale(v, 2 * MIN_RESIDUALS) for k, v in by_config.items()}
+        scales = {(point, b): max(point_scale.get(point, 0.0),
+                                  config_scale.get(block.engine_hash, 0.0))
+                  for point, starts in points.items() for b, block in enumerate(starts)}
     drop: dict[tuple[Point, int], set[int]] = defaultdict(set)
-    slowed = []
     for point, b, i, r in resid:
-        block = points[point][b]
-        scale = max(point_scale.get(point, 0.0), config_scale.get(block.engine_hash, 0.0))
+        scale = scales.get((point, b), 0.0)
         if scale > 0 and r < -SLOWED_Z * scale:
             drop[(point, b)].add(i)
-            others = np.delete(np.asarray(block.logs), i)
+    slowed = []
+    for (point, b), gone in sorted(drop.items()):
+        block = points[point][b]
+        for i in sorted(gone):
+            if together is None:
+                ref = statistics.median(block.logs[:i] + block.logs[i + 1:])
+                z = (block.logs[i] - statistics.median(block.logs)) / scales[(point, b)]
+            else:
+                ref = statistics.median([x for j, x in enumerate(block.logs) if j not in gone])
+                z = (block.logs[i] - max(block.logs)) / scales[(point, b)]
             slowed.append(Slowed(point, block.engine_hash, block.start,
                                  block.repeats[i] if block.repeats else i,
-                                 math.exp(block.logs[i] - float(np.median(others))), r / scale))
+                                 math.exp(block.logs[i] - ref), z, together is not None))
     out = {point: [_without(block, drop[(point, b)]) if (point, b) in drop else block
                    for b, block in enumerate(starts)] for point, starts in points.items()}
-    return out, slowed
+    return out, slowed, dict(scales)
+
+
+def _slowed_together(points: Mapping[Point, Sequence[StartWindows]]
+                     ) -> set[tuple[Point, int]]:
+    """The blocks (point, index) whose start's median there sits more than `SLOWED_Z` robust
+    SDs below the level the start keeps at its other points, given the config's other starts.
+
+    Per config, a two-way robust fit of its blocks' medians (log throughput): a point's centre,
+    the median over the config's starts that measured it (at least two); a start's level, the
+    median of its medians' distances to those centres (at least three points, so that one
+    slowed point does not set it). A block's interaction is its distance less its start's
+    level: what is left once the start's effect (drift included) and the point's are taken
+    out. Its scale is the normal-consistent MAD of every config's nonzero interactions (at least
+    `MIN_RESIDUALS`). One-sided: a start's point that runs fast is never a finding."""
+    cells: dict[str, dict[int, dict[Point, tuple[int, float]]]] = defaultdict(
+        lambda: defaultdict(dict))
+    for point, starts in points.items():
+        for b, block in enumerate(starts):
+            if block.m:
+                cells[block.engine_hash][block.start][point] = (b, statistics.median(block.logs))
+    inter: list[tuple[Point, int, float]] = []
+    for rows in cells.values():
+        cols: dict[Point, list[float]] = defaultdict(list)
+        for row in rows.values():
+            for point, (_, v) in row.items():
+                cols[point].append(v)
+        centre = {point: statistics.median(v) for point, v in cols.items() if len(v) >= 2}
+        for row in rows.values():
+            dist = {point: v - centre[point] for point, (_, v) in row.items() if point in centre}
+            if len(dist) >= 3:
+                level = statistics.median(dist.values())
+                inter += [(point, row[point][0], d - level) for point, d in dist.items()]
+    scale = _robust_scale([e for *_, e in inter if e != 0.0], MIN_RESIDUALS)
+    return {(point, b) for point, b, e in inter if scale > 0 and e < -SLOWED_Z * scale}
 
 
 def _robust_scale(residuals: Sequence[float], least: int) -> float:
     """The normal-consistent MAD, or 0 below `least` residuals."""
     if len(residuals) < least:
         return 0.0
-    return float(stats.median_abs_deviation(residuals, scale="normal"))
+    x = np.asarray(residuals, dtype=float)  # scipy's median_abs_deviation(scale="normal")
+    return float(np.median(np.abs(x - np.median(x))) / _NORMAL_MAD)
 
 
 def _without(block: StartWindows, drop: set[int]) -> StartWindows:

@@ -125,6 +125,76 @@ def test_a_window_slowed_by_outside_load_is_screened_one_sided() -> None:
     assert screen_slowed({p: flat})[1] == []  # no spread: no scale to call anything slowed by
 
 
+def test_windows_slowed_together_are_found_by_their_start_s_other_points() -> None:
+    """Three configs x three starts x four points, three windows each, CV ~1%, start effects of
+    3%. Two of one start's three windows at one point slowed to 0.6x (one block in
+    ~140 at 5% of windows hit): their median is slowed too, so a start's own median misses them.
+    Its other points show the start's level; against the config's other starts that point sits
+    far below it, and its windows are judged against the start's fastest there: exactly the two
+    are left out, marked `together`. A point all of whose windows are slowed leaves nothing to
+    judge them by (kept); a point that runs fast is never a finding; a start slowed at every
+    point is its start effect (kept)."""
+    rng = np.random.default_rng(1)
+    points = [("w0", 1), ("w0", 8), ("w1", 1), ("w1", 8)]
+
+    def sweep(factors: dict[tuple[str, int, tuple[str, int]], tuple[float, ...]]
+              ) -> dict[tuple[str, int], list[StartWindows]]:
+        out: dict[tuple[str, int], list[StartWindows]] = {p: [] for p in points}
+        for h in ("h0", "h1", "h2"):
+            for start in range(3):
+                effect = math.exp(rng.normal(0, 0.03))
+                for p in points:
+                    f = factors.get((h, start, p), (1.0, 1.0, 1.0))
+                    values = 100 * effect * np.asarray(f) * (1 + 0.01 * rng.standard_normal(3))
+                    out[p].append(dataclasses.replace(
+                        _start(h, 3 * start, list(values), start), repeats=(0, 1, 2)))
+        return out
+
+    p = points[2]
+    hit = sweep({("h1", 1, p): (0.6, 1.0, 0.6)})
+    alone = {p: hit[p]}  # one point: nothing shows the start's level, the median is slowed
+    assert screen_slowed(alone)[1] == []
+    kept, slowed = screen_slowed(hit)
+    assert [(w.point, w.engine_hash, w.start, w.repeat, w.together) for w in slowed] == [
+        (p, "h1", 1, 0, True), (p, "h1", 1, 2, True)]
+    assert [round(w.ratio, 1) for w in slowed] == [0.6, 0.6] and all(
+        w.z < -SLOWED_Z for w in slowed)
+    block = next(b for b in kept[p] if (b.engine_hash, b.start) == ("h1", 1))
+    assert block.repeats == (1,)
+    assert sum(b.m for bs in kept.values() for b in bs) == 3 * 3 * 4 * 3 - 2
+    for factors in ({("h1", 1, p): (0.6, 0.6, 0.6)}, {("h1", 1, p): (1.5, 1.5, 1.5)},
+                    {("h1", 1, q): (0.6, 0.6, 0.6) for q in points}):
+        assert screen_slowed(sweep(factors))[1] == []
+
+
+def test_a_simulated_racing_start_measures_its_slowed_windows_once_more() -> None:
+    """As a racing sweep's start does (`steps.measure`), a simulated one with 5% of windows
+    slowed by outside load measures each window the screen calls slowed once more before its
+    engine stops: numbered AGAIN + its repeat, on the same start, after its planned windows,
+    paid for in engine-seconds; the final decision names them as measured again. Without
+    outside load nothing is measured again (the other noise models keep their streams)."""
+    scn = simulate.scenario("race", gains={3: 1.10})
+    noise = simulate.NoiseModel(cv=0.03, start_sd=0.01, hit=0.05)
+    prog, ms = simulate.run_sweep(scn, noise, FAST, 0)
+    again = [m for m in ms if m.key.repeat >= AGAIN]
+    first = {m.key.id: m for m in ms if m.key.repeat < AGAIN}
+    assert len(again) >= 10
+    for m in again:
+        origin = first[dataclasses.replace(m.key, repeat=m.key.repeat - AGAIN).id]
+        planned = max(x.engine_s for x in first.values() if (x.key.engine_hash, x.key.start)
+                      == (m.key.engine_hash, m.key.start))
+        assert m.seq == origin.seq and m.stage == origin.stage and m.engine_s > planned
+    assert len({m.key.id for m in again}) == len(again)
+    result = _decide(scn, prog, ms)
+    named = {(w.engine_hash, w.workload, w.concurrency, w.start, w.again) for w in result.slowed}
+    redone = {(m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start, m.key.repeat)
+              for m in again}
+    assert len(redone & named) >= 0.9 * len(redone)
+    assert _winners(result) == {"c3"}
+    quiet = simulate.run_sweep(scn, dataclasses.replace(noise, hit=0.0), FAST, 0)[1]
+    assert all(m.key.repeat < AGAIN for m in quiet)
+
+
 def test_a_noisier_config_keeps_its_own_slow_windows() -> None:
     """A config whose windows vary 8x more than the others' (CV 25% against 3%), on three
     starts at four points: the point's scale alone would cut its ordinary slow windows and raise
