@@ -422,16 +422,25 @@ def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, B
                   verdicts: Mapping[BandKey, Mapping[str, Verdict]]
                   ) -> dict[BandKey, BandState]:
     """Holm over the bands being confirmed, at `confirm_alpha` (one look's share of what the
-    early looks leave), on confirmation data only."""
+    early looks leave), on confirmation data only.
+
+    The family is fixed by the confirmations, not by their outcomes: a band an earlier look
+    failed (ruled out, or left unresolved) stays in it with p = 1, and only a band confirmed
+    leaves it (Holm's step-down). Dropping the failed ones would let a later look test fewer
+    bands because of what the earlier one measured, a family chosen by the data it tests:
+    with the true nulls not confirmed so far all still in it, each look's false confirmation
+    stays within its alpha, and the looks within their sum."""
     out = dict(states)
     confirming = [k for k, st in states.items() if st.status == "confirming"]
+    failed = [k for k, st in states.items() if st.looks and st.status in ("off", "unresolved")]
     alpha = confirm_alpha(promote, shape.budget)
     pvals, gates = [], []
     for k in confirming:
         v = verdicts.get(k, {}).get(states[k].contenders[0])
         pvals.append(band_p_value(v) if v is not None else 1.0)
         gates.append(_gate_reasons(v) if v is not None else "not measured on confirmation")
-    passed = holm(pvals, alpha)
+    family = len(confirming) + len(failed)
+    passed = holm([*pvals, *[1.0] * len(failed)], alpha)[:len(confirming)]
     for k, p, ok, gate in zip(confirming, pvals, passed, gates, strict=True):
         st = states[k]
         looks = st.looks + 1
@@ -441,7 +450,7 @@ def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, B
         if ok and not gate:
             out[k] = replace(st, status="confirmed", looks=looks, estimates=ests,
                              why=f"confirmed on fresh engine starts (p = {p:.2g} <= Holm's "
-                                 f"threshold over {len(confirming)} bands at alpha {alpha:.3g})")
+                                 f"threshold over {family} bands at alpha {alpha:.3g})")
         elif v is not None and v.ruled_out:
             out[k] = replace(st, status="off", looks=looks, estimates=ests,
                              ruled_out=(*st.ruled_out, st.contenders[0]),

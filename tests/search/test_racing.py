@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import types
 
 import numpy as np
 import pytest
@@ -14,10 +15,11 @@ from specflow.champions import promote
 from specflow.decision.aggregate import to_measure_again
 from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis
+from specflow.decision.race import BandState
 from specflow.records.measurement import AGAIN, Measurement
 from specflow.results.console import round_lines
 from specflow.results.report import rounds_table, write_report
-from specflow.search import rounds, simulate
+from specflow.search import advance, rounds, simulate
 from specflow.search.plan import (
     confirm_alpha,
     early_alpha,
@@ -389,6 +391,38 @@ def test_the_promotion_error_is_spent_across_early_and_confirmation_looks() -> N
     assert rounds.confirm_plan(base, [(a, 3), (b, 1)], [x]) == [
         base, a, b, base, a, base, a, x, base]
     assert rounds.confirm_plan(base, [], [x]) == [base, x, base]  # extras only: one row
+
+
+def test_a_later_confirmation_look_keeps_the_bands_an_earlier_one_failed(monkeypatch) -> None:
+    """Holm's family at a confirmation look is fixed by the confirmations, not their outcomes:
+    a band the first look ruled out stays in it (p = 1) at the second, so a p-value between
+    alpha / 2 and alpha confirms nothing there; a band out before any look (exploration) or
+    confirmed at the first is not in it. Only what `_confirm_step` reads of a verdict is
+    built: its p-value, gates and rule-out."""
+    budget = BudgetSpec(confirm_looks=3)
+    alpha = confirm_alpha(FAST, budget)
+    p = 0.75 * alpha
+    monkeypatch.setattr(advance, "band_p_value", lambda v: v.p)
+    monkeypatch.setattr(advance, "_interval", lambda v: None)
+    monkeypatch.setattr(advance, "_gate_reasons", lambda v: "")
+    verdict = types.SimpleNamespace(p=p, ruled_out="", worst=None)
+    shape = simulate.scenario("race", budget=budget).shape
+    live = BandState("class0", "c1", status="confirming", contenders=("c3",), looks=1)
+
+    def look(other: BandState) -> BandState:
+        states = {("class0", "c1"): live, ("class1", "c1"): other}
+        return advance._confirm_step(shape, FAST, states, {("class0", "c1"): {"c3": verdict}})[
+            ("class0", "c1")]
+
+    failed = look(BandState("class1", "c1", "off", ("c5",), looks=1, ruled_out=("c5",)))
+    assert failed.status == "confirming" and failed.looks == 2
+    for other in (BandState("class1", "c1", "off", (), looks=0),
+                  BandState("class1", "c1", "confirmed", ("c5",), looks=1)):
+        now = look(other)
+        assert now.status == "confirmed", other
+        assert "Holm's threshold over 1 bands" in now.why
+    unresolved = look(BandState("class1", "c1", "unresolved", ("c5",), looks=1))
+    assert unresolved.status == "confirming"
 
 
 def test_futility_is_spent_across_the_looks() -> None:
