@@ -459,6 +459,15 @@ class BudgetSpec(_Model):
     baseline_every: int = Field(default=4, ge=1, le=1000)
     """Candidate engine starts between two baseline starts (the time-local baseline)."""
 
+    @model_validator(mode="after")
+    def _confirm_starts_within_their_most(self) -> BudgetSpec:
+        if self.max_confirm_starts is not None and self.max_confirm_starts < self.confirm_starts:
+            raise ProblemError(Problem(
+                "max_confirm_starts", "a look cannot start a winner fewer times than its fewest",
+                self.max_confirm_starts,
+                f"null or at least confirm_starts ({self.confirm_starts})"))
+        return self
+
     @property
     def bounded(self) -> bool:
         """Whether any of engine-seconds, windows or engine starts is bounded."""

@@ -30,6 +30,8 @@ INVALID: list[tuple[list[str], str]] = [
     (["+sweep.num_speculative_tokens.ngram=[0]"], "sweep.num_speculative_tokens.ngram[0]"),
     (["+sweep.num_speculative_tokens.nram=[2]"], "sweep.num_speculative_tokens.nram"),
     (["sweep.max_engine_configs=1"], "sweep.max_engine_configs"),
+    (["sweep.budget.confirm_starts=5", "sweep.budget.max_confirm_starts=3"],
+     "sweep.budget.max_confirm_starts"),
     (["+target.foo=1"], "target.foo"),
     (["target=qwen3_8"], "target"),
     (["target.dtype=bf16"], "target.dtype"),
