@@ -2,8 +2,8 @@
 
 Run: .venv/bin/python bench/decision_quality.py [--trials 300] [--seed 0] [--budget 10000]
      [--uniform-trials 100] [--workers 2] [--quick] [--no-memo]
-(the full run: 63 min on this 2-core machine, ~46 of them the race's 13,200 sweeps; --quick:
-40 trials, t3 noise, CV 3% and 10% and the other shapes and profile on t3, ~4.5 min)
+(the full run: ~49 min on this 2-core machine, ~38 of them the race's 13,200 sweeps; --quick:
+40 trials, t3 noise, CV 3% and 10% and the other shapes and profile on t3, ~4 min)
 
 Every trial simulates one sweep of 8 candidates (c0..c7) and the baseline over 2 traffic classes
 x 2 concurrency bands (levels 1 and 8), 3 windows per point per engine start, with
