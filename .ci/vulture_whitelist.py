@@ -35,6 +35,7 @@ _.p99_e2el_ms
 _._kv_shared_has_no_layers
 _._needs_hub_only_for_hf
 _._has_layers
+_._confirm_starts_within_their_most
 
 # Attributes set on tokenizers and Hugging Face configs that their libraries read (demo/tiny.py).
 _.pre_tokenizer
