@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -347,8 +347,8 @@ def screen_slowed(points: Mapping[Point, Sequence[StartWindows]]
     other points, against what the config's other starts show there; its windows are then
     compared with the start's fastest one there instead, on the same scale and threshold."""
     kept, slowed, scales = _screen_pass(points, {})
-    again, more, _ = _screen_pass(kept, scales, _slowed_together(kept))
-    return again, [*slowed, *more]
+    rest, more, _ = _screen_pass(kept, scales, _slowed_together(kept))
+    return rest, [*slowed, *more]
 
 
 def _screen_pass(points: Mapping[Point, Sequence[StartWindows]],
@@ -383,24 +383,22 @@ def _screen_pass(points: Mapping[Point, Sequence[StartWindows]],
         scales = {(point, b): max(point_scale.get(point, 0.0),
                                   config_scale.get(block.engine_hash, 0.0))
                   for point, starts in points.items() for b, block in enumerate(starts)}
-    drop: dict[tuple[Point, int], set[int]] = defaultdict(set)
+    drop: dict[tuple[Point, int], dict[int, float]] = defaultdict(dict)  # window: residual
     for point, b, i, r in resid:
         scale = scales.get((point, b), 0.0)
         if scale > 0 and r < -SLOWED_Z * scale:
-            drop[(point, b)].add(i)
+            drop[(point, b)][i] = r
     slowed = []
     for (point, b), gone in sorted(drop.items()):
         block = points[point][b]
-        for i in sorted(gone):
-            if together is None:
-                ref = statistics.median(block.logs[:i] + block.logs[i + 1:])
-                z = (block.logs[i] - statistics.median(block.logs)) / scales[(point, b)]
-            else:
-                ref = statistics.median([x for j, x in enumerate(block.logs) if j not in gone])
-                z = (block.logs[i] - max(block.logs)) / scales[(point, b)]
+        for i, r in sorted(gone.items()):
+            ref = statistics.median(  # its start's other windows (together: those left in)
+                [x for j, x in enumerate(block.logs) if j != i and (together is None
+                                                                    or j not in gone)])
             slowed.append(Slowed(point, block.engine_hash, block.start,
                                  block.repeats[i] if block.repeats else i,
-                                 math.exp(block.logs[i] - ref), z, together is not None))
+                                 math.exp(block.logs[i] - ref), r / scales[(point, b)],
+                                 together is not None))
     out = {point: [_without(block, drop[(point, b)]) if (point, b) in drop else block
                    for b, block in enumerate(starts)] for point, starts in points.items()}
     return out, slowed, dict(scales)
@@ -448,7 +446,7 @@ def _robust_scale(residuals: Sequence[float], least: int) -> float:
     return float(np.median(np.abs(x - np.median(x))) / _NORMAL_MAD)
 
 
-def _without(block: StartWindows, drop: set[int]) -> StartWindows:
+def _without(block: StartWindows, drop: Collection[int]) -> StartWindows:
     return replace(block, logs=tuple(x for i, x in enumerate(block.logs) if i not in drop),
                    repeats=tuple(x for i, x in enumerate(block.repeats) if i not in drop))
 
