@@ -162,11 +162,17 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
 
         lo, hi = shape.budget.confirm_starts, max((n for _, n in sized), default=0) - 1
         if hi >= lo and fits(lo):
-            while lo < hi:  # the largest cap that fits (binary search: k can be large)
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-            return capped(lo), None
+            return capped(_largest(lo, hi, fits)), None
     return plan, cost(plan)
+
+
+def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
+    """The largest k in [lo, hi] that `fits` (which holds at `lo` and, once false, stays so):
+    a binary search, as k can be large."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def _settle_affordable(plan: list, cost: Callable[[list], Spent], total: Spent,
@@ -180,13 +186,9 @@ def _settle_affordable(plan: list, cost: Callable[[list], Spent], total: Spent,
     def fits(k: int) -> bool:
         return total.plus(cost(settle_plan(base, extras, k))).within(shape.budget)
 
-    lo, hi = 1, max(counts.values())
-    if not fits(lo):
-        return plan, cost(settle_plan(base, extras, lo))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return settle_plan(base, extras, lo), None
+    if not fits(1):
+        return plan, cost(settle_plan(base, extras, 1))
+    return settle_plan(base, extras, _largest(1, max(counts.values()), fits)), None
 
 
 def _open_contenders(states: Mapping[BandKey, BandState]) -> frozenset[str]:
