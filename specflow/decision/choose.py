@@ -173,24 +173,37 @@ def _quality_detail(q: QualityCheck, confidence: float) -> str:
 
 
 def _speedups(ok: Sequence[PointStats], inputs: _BandInputs) -> list[PointSpeedup]:
-    """Candidate vs the time-local baseline at each usable point (engine starts as replicates)."""
-    out = []
+    """Candidate vs the time-local baseline at each usable point (engine starts as replicates).
+
+    Each point's rule-out bound is at 1 - futility / P over the P points measured
+    (`rule_out_level`): the band takes its worst point, so a band value of 2 x margin means a
+    gain that large at every point, and ruling it out at any one of P points is P chances."""
     promote = inputs.promote
+    measured = []
     for p in ok:
         key = (p.workload, p.concurrency)
         blocks = filter_stage(inputs.blocks.get(key, []), inputs.stage)
         c = contrast([b for b in blocks if b.engine_hash == p.engine_hash],
                             [b for b in blocks if b.engine_hash == inputs.baseline_hash],
                             inputs.noise[key])
-        if c is None:
-            continue
+        if c is not None:
+            measured.append((p, c))
+    level = rule_out_level(promote, len(measured))
+    out = []
+    for p, c in measured:
         lo, hi = c.interval(promote.confidence)
         out.append(PointSpeedup(
             p.workload, p.concurrency, Estimate(c.speedup, lo, hi, promote.confidence),
             c.n_windows, c.n_baseline_windows, c.cv, c.p_above(1 + promote.margin),
             c.n_starts, c.n_baseline_starts, c.replicated,
-            c.interval(1 - 2 * promote.futility)[1]))
+            c.interval(2 * level - 1)[1]))
     return out
+
+
+def rule_out_level(promote: PromoteSpec, points: int) -> float:
+    """The one-sided level of each point's rule-out bound in a band of `points` measured points:
+    1 - futility / points (Bonferroni over the points, see `_speedups`)."""
+    return 1 - promote.futility / max(1, points)
 
 
 def rule_out_threshold(promote: PromoteSpec) -> float:
@@ -208,7 +221,7 @@ def _ruled_out(reasons: Sequence[Reason], speedups: Sequence[PointSpeedup],
                promote: PromoteSpec) -> str:
     """Why a candidate cannot be the band's answer, or "" while it may: a gate it fails, or at
     some point of the band (the band takes its worst point) a gain of 2 x margin excluded at
-    1 - futility."""
+    1 - futility / (points measured)."""
     gates = gate_reasons(reasons)
     if gates:
         return gates
@@ -217,9 +230,10 @@ def _ruled_out(reasons: Sequence[Reason], speedups: Sequence[PointSpeedup],
     if not below:
         return ""
     s = min(below, key=lambda s: s.rule_out_hi)
+    level = rule_out_level(promote, len(speedups))
     return (f"a gain of {bar - 1:.0%} or more is excluded at {s.workload} c={s.concurrency} "
-            f"(speedup {s.speedup.value:.3f}, {1 - promote.futility:.1%} upper bound "
-            f"{s.rule_out_hi:.3f} < {bar:.3f})")
+            f"(speedup {s.speedup.value:.3f}, {level:.1%} upper bound {s.rule_out_hi:.3f} < "
+            f"{bar:.3f})")
 
 
 def _speedup_reason(s: PointSpeedup, promote: PromoteSpec) -> Reason | None:

@@ -117,7 +117,8 @@ class PointSpeedup:
     replicated: bool = True
     """False when no config had two engine starts: the CI treats windows as independent."""
     rule_out_hi: float = math.inf
-    """One-sided upper bound at 1 - `promote.futility`: below 1 + 2 x margin rules it out."""
+    """One-sided upper bound at 1 - `promote.futility` / (the band's points measured): below
+    1 + 2 x margin rules it out."""
 
 
 @dataclass(frozen=True)

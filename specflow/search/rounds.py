@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from specflow.decision.aggregate import usable_starts
+from specflow.decision.choose import rule_out_level
 from specflow.decision.model import AnalysisError
 from specflow.decision.race import BandState
 from specflow.records.measurement import Measurement
@@ -32,6 +33,7 @@ from specflow.search.plan import (
     _place,
     _windows_per_start,
     confirm_alpha,
+    final_rules,
     spent_by,
 )
 from specflow.search.schedules import (
@@ -293,10 +295,10 @@ def _settle_look(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tup
     """A look at the open bands alone: each contender started as often as ruling it out would
     need if its estimate and noise hold (80% power that every contender of its band is ruled
     out at the final decision's futility share: an upper bound below 1 + 2 x margin at some
-    point of the band), at least once and at most `max_confirm_starts`, at its open bands'
-    points, with a fresh baseline start before the first round of them and after each
-    (`settle_plan`; the budget shrinks it in `_affordable`)."""
-    z_futility = z_upper(promote.futility / 2)
+    point of the band, each point's at its share of it), at least once and at most
+    `max_confirm_starts`, at its open bands' points, with a fresh baseline start before the first
+    round of them and after each (`settle_plan`; the budget shrinks it in `_affordable`)."""
+    final = final_rules(promote)
     limit = math.log(1 + 2 * promote.margin)
     cap = shape.budget.max_confirm_starts or (10_000 if shape.budget.bounded else 24)
     need: dict[str, int] = {}
@@ -304,6 +306,7 @@ def _settle_look(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tup
     for k, st in left_open.items():
         # a band concludes off when every contender is ruled out: 80% power for all of them
         z_power = z_upper(1 - 0.8 ** (1 / max(1, len(st.contenders))))
+        z_futility = z_upper(1 - rule_out_level(final, len(bands[k])))
         for h in st.contenders:
             points[h].update(bands[k])
             more, iv = 1, st.estimates.get(h)

@@ -7,12 +7,16 @@ Numbers in, numbers out (numpy and scipy). The decision turns measured windows i
 Model, per point (workload x concurrency), on log output throughput:
     y = mu_config + drift(t) + start effect (per engine start) + window noise.
 - The replicate unit is the engine start (`StartWindows`): windows inside one start share its
-  effect, so a start's mean is the unit and its variance V is estimated from the spread of start
-  means, pooled over every config measured more than once at the point (df = sum of (starts - 1));
-  for the baseline, whose starts drift, from successive differences (von Neumann), which a slow
-  drift barely inflates. When only the baseline was started twice (a grid sweep: one start per
-  candidate, the closing baseline) one degree of freedom cannot carry an interval, so V falls back
-  to the within-start variance / windows, and the analysis says that its intervals do not include
+  effect, so a start's mean is the unit and its variance V is estimated from the successive
+  differences of each config's start means in run order (von Neumann's mean square successive
+  difference), pooled over every config measured more than once at the point. A slow drift barely
+  inflates it, where the spread around a config's mean would carry the drift over a long race
+  (the contrast itself is drift-free: it is taken against the time-local baseline). Its df is
+  Satterthwaite's over the configs, each carrying 2(n-1)^2/(3n-4) for n starts (n - 1 at two
+  starts, ~2/3 of it for many): the successive differences share their starts. When only the
+  baseline was started twice (a grid sweep: one start per candidate, the closing baseline) one
+  degree of freedom cannot carry an interval, so V falls back to the within-start variance /
+  windows, and the analysis says that its intervals do not include
   start-to-start variation (racing, or more starts per config, fixes that).
 - Time-local baseline: each candidate start is compared with the baseline interpolated linearly
   in run order between the baseline starts around it (the nearest one where it has a neighbour
@@ -140,10 +144,11 @@ class StartNoise:
 
 
 def start_noise(starts: Sequence[StartWindows], baseline_hash: str) -> StartNoise:
-    """The noise at one point (see the module docstring). The between-start variance pools the
-    spread of start means over every config started more than once (the baseline's through
-    successive differences, which a slow drift barely inflates)."""
-    ss, df, df_cand = 0.0, 0, 0
+    """The noise at one point (see the module docstring). The between-start variance pools, over
+    every config started more than once, the successive differences of its start means in run
+    order (von Neumann), which a slow drift barely inflates; its df is Satterthwaite's over the
+    configs' effective df (`_mssd_df`)."""
+    ss, starts_df, mssd_var, df_cand = 0.0, 0, 0.0, 0
     by_config: dict[str, list[StartWindows]] = defaultdict(list)
     for b in starts:
         if b.m:
@@ -153,18 +158,19 @@ def start_noise(starts: Sequence[StartWindows], baseline_hash: str) -> StartNois
         ssw = sum(float(np.sum((np.asarray(b.logs) - b.mean) ** 2)) for b in bs)
         dfw = sum(b.m - 1 for b in bs)
         within[h] = (ssw / dfw if dfw else 0.0, dfw)
-        if len(bs) < 2:
+        n = len(bs)
+        if n < 2:
             continue
         means = np.array([b.mean for b in sorted(bs, key=lambda b: b.seq)])
-        if h == baseline_hash:
-            ss += float(np.sum(np.diff(means) ** 2)) / 2
-        else:
-            ss += float(np.sum((means - means.mean()) ** 2))
-            df_cand += len(bs) - 1
-        df += len(bs) - 1
+        ss += float(np.sum(np.diff(means) ** 2)) / 2
+        starts_df += n - 1
+        mssd_var += (3 * n - 4) / 2
+        if h != baseline_hash:
+            df_cand += n - 1
     m_bar = float(np.mean([b.m for bs in by_config.values() for b in bs])) if by_config else 1.0
-    replicated = bool(df_cand or df >= 2)
-    return StartNoise(ss / df if df else 0.0, df, replicated, within, m_bar)
+    replicated = bool(df_cand or starts_df >= 2)
+    df = starts_df ** 2 / mssd_var if mssd_var else 0.0
+    return StartNoise(ss / starts_df if starts_df else 0.0, df, replicated, within, m_bar)
 
 
 def baseline_weights(seq: int, baseline: Sequence[StartWindows]) -> dict[int, float]:
