@@ -559,10 +559,10 @@ class PromoteSpec(_Model):
     """Confidence level of the bootstrap interval."""
     futility: float = Field(default=0.05, gt=0.0, lt=0.5)
     """The chance of ruling out a candidate that truly gains twice the margin (+10% against a
-    5% margin): a candidate is ruled out when its one-sided upper bound at 1 - futility (spent
-    across a race's looks) is below 1 + 2 x margin, and a band whose candidates are all ruled out
-    concludes off. Between 1 + margin and 1 + 2 x margin either answer costs less than the
-    margin (the indifference zone)."""
+    5% margin): a candidate is ruled out when its one-sided upper bound at 1 - futility (shared
+    by the band's points and spent across a race's looks) is below 1 + 2 x margin, and a band
+    whose candidates are all ruled out concludes off. Between 1 + margin and 1 + 2 x margin
+    either answer costs less than the margin (the indifference zone)."""
     bootstrap_samples: int = Field(default=2000, ge=100, le=1_000_000)
     """Bootstrap resamples."""
     tie_tolerance: float = Field(default=0.02, ge=0.0, le=1.0)

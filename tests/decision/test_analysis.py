@@ -450,6 +450,23 @@ def test_ties_go_to_the_smaller_n_then_the_cheaper_method() -> None:
     assert d.winner.engine == "eagle3-n2"  # outside the tolerance the score decides
 
 
+def test_a_band_of_several_points_rules_out_at_each_point_s_share_of_the_futility() -> None:
+    """The band takes its worst point, so ruling out a gain of 2 x margin at any of P points is P
+    chances: each point's bound is at 1 - futility / P. With two workloads that is the one-sided
+    97.5% bound, the top of the two-sided 95% interval; with one it is the 95% bound, below it."""
+    ms, _ = sweep([Cand(E3N3, 0.9)], workloads=("gsm8k", "math500"), repeats=3, cv=0.05)
+    (d,) = analyze(ms, PromoteSpec()).result("math").decisions
+    (v,) = d.candidates
+    assert len(v.speedups) == 2 and d.outcome == "off"
+    for s in v.speedups:
+        assert s.rule_out_hi == pytest.approx(s.speedup.hi)
+    assert "97.5% upper bound" in v.ruled_out
+    one = [m for m in ms if m.key.workload == "gsm8k"]
+    (d1,) = analyze(one, PromoteSpec()).result("math").decisions
+    (s1,) = d1.candidates[0].speedups
+    assert s1.rule_out_hi < s1.speedup.hi and "95.0% upper bound" in d1.candidates[0].ruled_out
+
+
 def test_a_band_is_judged_by_its_worst_workload() -> None:
     ms, _ = sweep([Cand(E3N3, 1.5)], workloads=("gsm8k",))
     ms2, _ = sweep([Cand(E3N3, 1.0)], workloads=("math500",))

@@ -101,6 +101,38 @@ def test_engine_starts_are_the_replicate_unit() -> None:
     assert not unreplicated.replicated
 
 
+def test_a_slow_drift_over_a_long_race_barely_moves_the_start_to_start_variance() -> None:
+    """Ten baseline and nine candidate starts alternating, start effects of SD 2%, and a drift of
+    0.2% per engine start (7% over the run): the pooled start-to-start variance (successive
+    differences, per config) moves by under 20%, where the spread around the candidate's own mean
+    would carry the drift (about 4x). The speedup is the same (the time-local baseline cancels
+    the drift). Its df is Satterthwaite's over each config's 2(n-1)^2/(3n-4): (9 + 8)^2 /
+    ((3*10 - 4)/2 + (3*9 - 4)/2), not 9 + 8."""
+    effects = 0.02 * np.random.default_rng(0).standard_normal(19)
+
+    def run(drift: float) -> tuple[replicates.StartNoise, float, float]:
+        base = [StartWindows("b", i, 4 * i, "explore", (drift * 4 * i + effects[i],) * 2)
+                for i in range(10)]
+        cand = [StartWindows("c", i, 4 * i + 2, "explore",
+                             (math.log(1.2) + drift * (4 * i + 2) + effects[10 + i],) * 2)
+                for i in range(9)]
+        noise = start_noise([*base, *cand], "b")
+        c = contrast(cand, base, noise)
+        assert c is not None
+        return noise, c.speedup, float(np.var([b.mean for b in cand], ddof=1))
+
+    still, speedup, spread = run(0.0)
+    drifting, drifted_speedup, drifted_spread = run(0.002)
+    assert drifted_speedup == pytest.approx(speedup)
+    assert 1.0 < drifting.v_start_mean / still.v_start_mean < 1.2
+    assert drifted_spread / spread > 3.5
+    assert drifting.df == pytest.approx(17 ** 2 / (26 / 2 + 23 / 2))
+    # at two starts per config the successive difference is the variance: n - 1 each
+    two = [StartWindows(h, i, 2 * i + (h == "c"), "explore", (effects[i] + (h == "c"),) * 2)
+           for h in "bc" for i in range(2)]
+    assert start_noise(two, "b").df == 2
+
+
 def test_a_window_slowed_by_outside_load_is_screened_one_sided() -> None:
     """Nine starts of three windows at one point, CV ~1%: the window at 0.7x its start's others
     is the only one left out; a fast window never is (outside load only slows), nor the last
