@@ -147,7 +147,7 @@ def start_noise(starts: Sequence[StartWindows], baseline_hash: str) -> StartNois
     """The noise at one point (see the module docstring). The between-start variance pools, over
     every config started more than once, the successive differences of its start means in run
     order (von Neumann), which a slow drift barely inflates; its df is Satterthwaite's over the
-    configs' effective df (`_mssd_df`)."""
+    configs, n starts carrying 2(n-1)^2/(3n-4) (`mssd_var` sums (n-1)^2 / that per config)."""
     ss, starts_df, mssd_var, df_cand = 0.0, 0, 0.0, 0
     by_config: dict[str, list[StartWindows]] = defaultdict(list)
     for b in starts:
