@@ -151,13 +151,11 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
     if stage == "confirm" and all(x[0] == shape.baseline or x[0] in extra for x in plan):
         return _settle_affordable(plan, cost, total, shape)
     if stage == "confirm":
-        base = plan[0]
-        extras = [x for x in plan[1:] if x[0] in extra]  # one start each (`confirm_plan`)
-        sized = list(Counter(x for x in plan[1:] if x[0] != shape.baseline
-                             and x[0] not in extra).items())
+        base = next(x for x in plan if x[0] == shape.baseline)
+        sized = list(Counter(x for x in plan if x[0] != shape.baseline).items())
 
         def capped(k: int) -> list:  # each winner's starts capped at k
-            return confirm_plan(base, [(w, min(n, k)) for w, n in sized], extras)
+            return confirm_plan(base, [(w, min(n, k)) for w, n in sized])
 
         def fits(k: int) -> bool:
             return total.plus(cost(capped(k))).within(shape.budget)
@@ -239,7 +237,7 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
                 index: int, new_only: bool = False) -> tuple[Stage, list]:
     """Exploration while any band explores (contenders only, at their bands' points; with
     `new_only`, only those not measured yet); then one confirmation look for every selected
-    winner, with fresh baseline starts around it."""
+    winner, against the look's own baseline starts (`confirm_plan`)."""
     repeats = _windows_per_start(shape, data)
     exploring = {k: st for k, st in states.items() if st.status == "exploring"}
     if exploring:
@@ -268,21 +266,19 @@ def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tupl
     # The starts a confirmation pays for also measure the bands the exploration left open, for
     # the baseline and for each winner still contending there: a window costs little beside an
     # engine start, and each further start narrows the intervals that may rule a contender out.
+    # An open band's other contenders get no start of their own: these starts replicate the
+    # start-to-start variance at its points, so one start of theirs can rule them out there.
     left_open = open_after_exploring(states)
-    others: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for k, st in left_open.items():
         for h in st.contenders:
-            (per if h in per else others)[h].update(bands[k])
+            if h in per:
+                per[h].update(bands[k])
     base = (shape.baseline, "confirm",
             tuple(sorted({p for k in (*confirming, *left_open) for p in bands[k]})), repeats)
     winners = [(h, "confirm", tuple(sorted(per[h])), repeats)
                for h in shape.candidates if h in per]
-    # an open band's contender that no winner start covers gets one start of its own in the
-    # look, at that band's points only: its second start, without which it cannot be ruled out
-    extras = [(h, "confirm", tuple(sorted(others[h])), repeats)
-              for h in shape.candidates if h in others]
     starts = _confirm_size(shape, promote, bands, confirming, data, repeats)
-    return "confirm", confirm_plan(base, [(w, starts[w[0]]) for w in winners], extras)
+    return "confirm", confirm_plan(base, [(w, starts[w[0]]) for w in winners])
 
 
 def _looks_taken(data: Sequence[Measurement]) -> int:
@@ -334,15 +330,16 @@ def settle_plan(base: tuple, extras: Sequence[tuple[tuple, int]], k: int) -> lis
     return plan
 
 
-def confirm_plan(base: tuple, winners: Sequence[tuple[tuple, int]], extras: Sequence[tuple] = ()
-                 ) -> list:
+def confirm_plan(base: tuple, winners: Sequence[tuple[tuple, int]]) -> list:
     """A confirmation look: each winner started as often as its band needs (front-loaded: the
-    i-th row holds the winners needing more than i starts), a fresh baseline start around each
-    row; the `extras` (open bands' contenders, one start each) before the last baseline start."""
+    i-th row holds the winners needing more than i starts), a baseline start after each row and,
+    in a look of several rows, a fresh one before the first."""
     k = max([1, *(n for _, n in winners)])
-    plan = [base]
+    # the round before closed with a baseline start; a fresh one opens a look of several rows
+    # (each winner start between two); a one-row look's winners take the one after them
+    plan: list = [base] if k > 1 else []
     for i in range(k):
-        plan += [*(w for w, n in winners if n > i), *(extras if i == k - 1 else ()), base]
+        plan += [*(w for w, n in winners if n > i), base]
     return plan
 
 

@@ -35,7 +35,7 @@ Error control (what `analysis` applies, see DESIGN.md "Deciding"):
   alpha = (1 - confidence) / 2, one-sided.
 - Racing sweeps: selection and confirmation are separate. Exploration rounds select at most one
   winner per band on exploration data; the winner must then beat the baseline on fresh engine
-  starts, with fresh baseline starts around them (stage "confirm"); the confirmation tests are
+  starts, against the look's own baseline starts (stage "confirm"); the confirmation tests are
   Holm-corrected over the bands being confirmed, and the alpha is split evenly over the allowed
   confirmation looks (Bonferroni spending), so looking again after an inconclusive confirmation
   cannot inflate the error. Exploration data never enter a confirmation test.
