@@ -71,6 +71,14 @@ gains at least twice the margin (+10% or +25% against 5%); `resolved_cv3_gain10`
 concluded (promoted or off) at CV 3% with the +10% candidate. Where the race left its unresolved
 bands (`STOPS`: the budget, the exploration, a confirmation) is printed per scenario and is each
 scenario's `stopped` in the JSON line.
+The demo's plan (`DEMO_GAINS`; `--demo-only` runs just it): `make demo`'s two drafters and two
+classes, with its budget, windows and rules read from `conf/sweep/cpu_demo.yaml` and
+`conf/experiment/cpu_demo.yaml`, at its one concurrency level and at two, under t3 noise at CV 3%
+(the demo's windows vary 1-5% within an engine start) and 10%, with the start effect and drift
+above. Per row: the race's engine starts against the grid's (one start per config and the closing
+baseline, as `steps.decide` counts it) plus one baseline start per round, false and wrong
+promotion, every band right (code: n-gram; classify: off) and bands concluded.
+`demo_starts_within` (CV 3%) and `demo_starts_within_cv10`: the share of sweeps within that bound.
 For speed the race's round replay is memoised within a sweep (`rounds._after_round` and
 `rounds._next_round` are pure functions of the records, which only grow; the critical values
 are cached in `specflow.stats`); `--no-memo` turns the replay memo off: identical decisions,
@@ -90,11 +98,12 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from omegaconf import OmegaConf
 from scipy import stats
 
 import specflow
@@ -144,6 +153,15 @@ TARGETS = {"false_promotion": 0.01, "wrong_candidate": 0.01, "power_cv3": 0.95,
            "off_resolved_cv3": 0.90, "off_resolved_cv10": 0.70, "resolved_cv3_gain10": 0.95,
            "power_interference": 0.85}
 PROMOTE = PromoteSpec(bootstrap_samples=100)
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_GAINS = {("c0", "w0"): 2.0, ("c0", "w1"): 0.77, ("c1", "w0"): 0.47, ("c1", "w1"): 0.67}
+"""The CPU demo's plan (`conf/experiment/cpu_demo.yaml`): c0 = ngram-n8, c1 =
+draft_model_random-n2; w0 = code, w1 = classify; the true speedups at every level, as `make demo`
+measured them (docs/benchmarks.md, the CPU demo: n-gram 1.9-2.2x on code and 0.7-0.8x on
+classify, the random draft model 0.4-0.6x and 0.67-0.74x)."""
+DEMO_LEVELS = ((4,), (1, 4))
+"""The demo's one concurrency level, and two (the plan as the decisions issue states it)."""
+DEMO_CVS = (0.03, 0.10)
 
 
 @dataclass(frozen=True)
@@ -340,6 +358,91 @@ def uniform_trial(args: tuple[Scenario, int, int, int]) -> Trial:
     return _decided(result, spent)
 
 
+@dataclass(frozen=True)
+class DemoTrial:
+    """One simulated sweep of the demo's plan: the race's engine starts and rounds, and per band
+    (classes, then bands by level) the promoted engine hash or None and whether unresolved."""
+
+    starts: int
+    rounds: int
+    grid_starts: int
+    promoted: tuple[str | None, ...] = ()
+    unresolved_at: tuple[bool, ...] = ()
+    right_at: tuple[frozenset[str], ...] = ()
+    """Per band: its right winners (empty: off is right)."""
+    error: str = ""
+
+
+def demo_sweep() -> tuple[BudgetSpec, int, int, PromoteSpec]:
+    """The demo's budget, windows per point per start, closing baseline repeats and promotion
+    rules, read from its configs (`conf/sweep/cpu_demo.yaml`, `conf/experiment/cpu_demo.yaml`)."""
+    sweep: Any = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/sweep/cpu_demo.yaml"))
+    experiment: Any = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/experiment/cpu_demo.yaml"))
+    rules = PROMOTE.model_copy(update=experiment.get("promote") or {})
+    return (BudgetSpec(**sweep["budget"]), sweep["repeats"], sweep["closing_baseline_repeats"],
+            rules)
+
+
+def demo_trial(args: tuple[tuple[int, ...], float, int, int]) -> DemoTrial:
+    """The demo's plan raced as `make demo` races it, on simulated windows (t3 noise at `cv`,
+    the start effect and drift of the other scenarios, the CPU profile's costs)."""
+    levels, cv, seed, trial = args
+    budget, repeats, closing, rules = demo_sweep()
+    sim = simulate.scenario("race", candidates=2, classes=2, levels=levels, repeats=repeats,
+                            closing_repeats=closing, budget=budget)
+    sim = replace(sim, point_gains={(h, w, c): g for (h, w), g in DEMO_GAINS.items()
+                                    for c in levels})
+    grid = len(sim.shape.candidates) + 1 + int(closing > 0)  # `steps.decide`'s grid cost
+    tag = zlib.crc32(f"demo/{levels}/{cv}".encode())
+    rng = np.random.default_rng(np.random.SeedSequence((seed, tag, trial)))
+    sign = 1.0 if rng.random() < 0.5 else -1.0
+    noise = simulate.NoiseModel(cv=cv, kind="t3", start_sd=START_SD, drift=sign * DRIFT,
+                                start_s=START_S, window_s=WINDOW_S)
+    _MEMO.clear()
+    prog, ms = simulate.run_sweep(sim, noise, rules, seed=int(rng.integers(2**62)))
+    _MEMO.clear()
+    starts, n_rounds = prog.spent.engine_starts, len(prog.rounds)
+    if prog.problems:
+        return DemoTrial(starts, n_rounds, grid, error="; ".join(prog.problems)[:200])
+    opening, later = split_baseline(ms, sim.shape.baseline)
+    try:
+        result = analyze(opening, final_rules(rules), closing_baseline=later, race=prog.states)
+    except AnalysisError as exc:
+        return DemoTrial(starts, n_rounds, grid, error=str(exc)[:200])
+    winners, unresolved, right = [], [], []
+    for r in sorted(result.classes, key=lambda r: r.traffic_class):
+        for d in sorted(r.decisions, key=lambda d: d.band.lo):
+            winners.append(d.winner.engine_hash if d.winner is not None else None)
+            unresolved.append(d.outcome == "unresolved")
+            right.append(frozenset({"c0"}) if r.traffic_class == "class0" else frozenset())
+    return DemoTrial(starts, n_rounds, grid, tuple(winners), tuple(unresolved), tuple(right))
+
+
+def demo_figures(trials: Sequence[DemoTrial]) -> dict[str, Any]:
+    """Per row of the demo's plan: the share of sweeps whose engine starts are at most the
+    grid's plus one baseline start per round, the starts' median and most, false and wrong
+    promotion, every band right, and bands concluded."""
+    ok = [t for t in trials if not t.error]
+    n, bands = max(1, len(ok)), max(1, sum(len(t.promoted) for t in ok))
+    return {
+        "trials": len(trials), "errors": len(trials) - len(ok),
+        "grid_starts": ok[0].grid_starts if ok else 0,
+        "starts_within": sum(t.starts <= t.grid_starts + t.rounds for t in ok) / n,
+        "starts_median": float(np.median([t.starts for t in ok])) if ok else math.nan,
+        "starts_max": max((t.starts for t in ok), default=0),
+        "rounds_max": max((t.rounds for t in ok), default=0),
+        "false_promotion": sum(any(w is not None for w, acc in zip(t.promoted, t.right_at,
+                                                                  strict=True) if not acc)
+                               for t in ok) / n,
+        "wrong": sum(any(w is not None and acc and w not in acc
+                         for w, acc in zip(t.promoted, t.right_at, strict=True))
+                     for t in ok) / n,
+        "right": sum(all((w in acc) if acc else (w is None and not u) for w, u, acc in zip(
+            t.promoted, t.unresolved_at, t.right_at, strict=True)) for t in ok) / n,
+        "resolved_band": sum(not u for t in ok for u in t.unresolved_at) / bands,
+    }
+
+
 def _mad_score(x: Sequence[float]) -> tuple[float, float]:
     """(median - 1.4826 MAD, 1.4826 MAD / median)."""
     med = statistics.median(x)
@@ -513,6 +616,9 @@ def main() -> int:
                         help="smoke run: 40 trials, CV 3%% and 10%%, t3 noise only")
     parser.add_argument("--no-memo", action="store_true",
                         help="replay the race without memoising finished rounds")
+    parser.add_argument("--demo-only", action="store_true",
+                        help="only the demo's plan (its trials are seeded apart from the "
+                             "other scenarios', so its figures are those of a whole run)")
     args = parser.parse_args()
     trials = 40 if args.quick else args.trials
     u_trials = min(args.uniform_trials, trials)
@@ -539,6 +645,20 @@ def main() -> int:
     with ProcessPoolExecutor(max_workers=args.workers, initializer=_init_worker,
                              initargs=(not args.no_memo,)) as ex:
         pool = ex.map
+        # The demo's plan, raced as `make demo` races it
+        demo_rows = [(lv, cv) for lv in DEMO_LEVELS for cv in DEMO_CVS]
+        out_d = list(pool(demo_trial, [(lv, cv, args.seed, i) for lv, cv in demo_rows
+                                       for i in range(trials)], chunksize=8))
+        demo = {f"levels {'+'.join(map(str, lv))} cv{cv:.0%}":
+                demo_figures(out_d[j * trials:(j + 1) * trials])
+                for j, (lv, cv) in enumerate(demo_rows)}
+        print(f"demo plan done in {time.perf_counter() - t0:.0f} s")
+        demo_table(demo)
+        if args.demo_only:
+            print(json.dumps({"demo_plan": demo, **demo_summary(demo), "trials": trials,
+                              "seed": args.seed, "code": code,
+                              "wall_s": round(time.perf_counter() - t0, 1)}))
+            return 0
         # Race
         scns = [*full, *bare, *hit, *split, *tied, *gpu]
         tasks = [(s, args.seed, i, args.budget) for s in scns for i in range(trials)]
@@ -741,6 +861,15 @@ def main() -> int:
          and gpu_figures["power_interference_cv3_gain10"] >= TARGETS["power_interference"],
          ", ".join(f"{k} {v:.1%}" if k != "engine_s_cv3_gain10" else f"{k} {v:.0f}"
                    for k, v in gpu_figures.items())),
+        ("demo_starts", "the demo's plan at CV 3% (its windows' noise within a start): the "
+         "race's engine starts at most the grid's plus one baseline start per round in every "
+         "sweep, with false and wrong promotion <= 1%",
+         (d := demo_summary(demo))["demo_starts_within"] >= 1.0
+         and d["demo_max_false_promotion"] <= TARGETS["false_promotion"]
+         and d["demo_max_wrong"] <= TARGETS["wrong_candidate"],
+         f"{d['demo_starts_within']:.1%} of sweeps (CV 10%: {d['demo_starts_within_cv10']:.1%}); "
+         f"false promotion {d['demo_max_false_promotion']:.1%}, wrong "
+         f"{d['demo_max_wrong']:.1%}"),
     ]
     for _, what, met, detail in checks:
         print(f"  [{'met' if met else 'NOT MET'}] {what}: {detail}")
@@ -749,6 +878,7 @@ def main() -> int:
           f"near-tied winners ('tied', c3 +10% and c5 +9%): one of them promoted in every band "
           f"in {tied_power:.1%}; wrong candidate or a promotion where off is right: counted in "
           "'wrong' above")
+    demo_table(demo)
     print(f"\nwall time {wall:.0f} s")
 
     per = {
@@ -772,6 +902,8 @@ def main() -> int:
         "max_false_off": false_off,
         "resolved_cv3_gain10": resolved3,
         "power_interference_cv3_gain10": p3_hit,
+        **demo_summary(demo),
+        "demo_plan": demo,
         "split_right": split_right,
         "tied_power": tied_power,
         "gpu": gpu_figures,
@@ -794,6 +926,34 @@ def main() -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+def demo_summary(demo: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The demo plan's figures over its rows: the worst of each."""
+    def worst(cv: str, key: str) -> float:
+        return min(r[key] for name, r in demo.items() if name.endswith(f" cv{cv}"))
+
+    return {"demo_starts_within": worst("3%", "starts_within"),
+            "demo_starts_within_cv10": worst("10%", "starts_within"),
+            "demo_max_false_promotion": max(r["false_promotion"] for r in demo.values()),
+            "demo_max_wrong": max(r["wrong"] for r in demo.values()),
+            "demo_right": worst("3%", "right"), "demo_right_cv10": worst("10%", "right")}
+
+
+def demo_table(demo: Mapping[str, Mapping[str, Any]]) -> None:
+    print("\nTHE DEMO'S PLAN (conf/sweep/cpu_demo.yaml's budget: n-gram 2.0x on code, the random "
+          "drafter 0.47x; both 0.67-0.77x on classify), raced; the grid's engine starts beside it")
+    head = (f"{'row':<22}{'trials':>7}{'grid':>6}{'starts med':>11}{'max':>5}{'rounds':>7}"
+            f"{'<= grid+rounds':>15}{'false prom':>11}{'wrong':>7}{'right':>7}"
+            f"{'concluded':>10}")
+    print(head)
+    print("-" * len(head))
+    for name, r in demo.items():
+        print(f"{name:<22}{r['trials']:>7}{r['grid_starts']:>6}{r['starts_median']:>11.0f}"
+              f"{r['starts_max']:>5}{r['rounds_max']:>7}{_pct(r['starts_within']):>15}"
+              f"{_pct(r['false_promotion']):>11}{_pct(r['wrong']):>7}{_pct(r['right']):>7}"
+              f"{_pct(r['resolved_band']):>10}" + (f"  ({r['errors']} not analysable)"
+                                                    if r["errors"] else ""))
 
 
 def _fig_json(f: Figures) -> dict[str, Any]:
