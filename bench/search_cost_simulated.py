@@ -45,7 +45,10 @@ both deploy candidates whose true speedups are within the tie tolerance of each 
 
 Prints per design the engine starts, windows and engine-seconds, the adaptive / grid ratio, the
 share of bands where the two decide alike, each against the truth, the predictor's acceptance
-length error on the chain series and how often the non-chain series was flagged. The last line
+length error on the chain series and how often the non-chain series was flagged; where each
+design's engine-seconds go (round 0 and the later rounds by stage, the baseline's apart); and the
+share of bands decided the same within the promotion margin (both deploy engines whose true
+speedups are closer than the margin; `same_decision_within_margin`). The last line
 is one JSON object: engine_seconds_ratio_simulated, same_decision_simulated, mal_error_median,
 prediction_flagged, engine_seconds_ratio_uniform (adaptive / uniform repeats at equal error; a
 lower bound when no k up to --max-k reached it), and the designs' means.
@@ -58,7 +61,8 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -72,6 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specflow.decision.choose import analyze  # noqa: E402
 from specflow.decision.model import Analysis, AnalysisError  # noqa: E402
+from specflow.records.measurement import Measurement  # noqa: E402
 from specflow.search import predict, simulate  # noqa: E402
 from specflow.search.plan import final_rules, spent_by, split_baseline  # noqa: E402
 from specflow.spec.schema import PromoteSpec  # noqa: E402
@@ -170,6 +175,18 @@ class Trial:
     flagged: tuple[bool, ...] = ()
     """Per band of the probe round: the MTP series' chain check missed."""
     error: str = ""
+    by_stage: tuple[tuple[str, float], ...] = ()
+    """Engine-seconds per part of the sweep (`_by_stage`)."""
+
+
+def _by_stage(ms: Sequence[Measurement], baseline: str) -> tuple[tuple[str, float], ...]:
+    """Engine-seconds of round 0 (the adaptive search's probe round; the grid's exploration of
+    every config) and of the later rounds by stage, the baseline's apart from the candidates'."""
+    parts: dict[str, list[Measurement]] = defaultdict(list)
+    for m in ms:
+        who = "baseline" if m.key.engine_hash == baseline else "candidates"
+        parts[f"{'round 0' if m.round == 0 else m.stage + ' rounds'}, {who}"].append(m)
+    return tuple(sorted((k, spent_by(v).engine_seconds) for k, v in parts.items()))
 
 
 def _decisions(result: Analysis) -> tuple[tuple[str, str], ...]:
@@ -221,7 +238,7 @@ def trial(args: tuple[str, str, int, int]) -> Trial:
                      error=str(exc)[:200])
     errors, flagged = _checks(prog, what, plan) if search == "adaptive" else ((), ())
     return Trial(spent.engine_seconds, spent.engine_starts, spent.windows, _decisions(result),
-                 errors, flagged)
+                 errors, flagged, by_stage=_by_stage(ms, scn.shape.baseline))
 
 
 def uniform_trial(args: tuple[str, int, int, int]) -> Trial:
@@ -248,7 +265,9 @@ def _means(ts: list[Trial], truth: Mapping[str, Mapping[str, float]]) -> dict[st
             "starts": statistics.fmean(t.starts for t in ok) if ok else 0.0,
             "windows": statistics.fmean(t.windows for t in ok) if ok else 0.0,
             "right": sum(hits) / len(hits) if hits else 0.0,
-            "errors": len(ts) - len(ok)}
+            "errors": len(ts) - len(ok),
+            "by_stage": {k: sum(dict(t.by_stage).get(k, 0.0) for t in ok) / len(ok)
+                         for k in sorted({k for t in ok for k, _ in t.by_stage})} if ok else {}}
 
 
 def uniform_at_equal_error(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int,
@@ -283,10 +302,11 @@ def right(decision: str, truth: Mapping[str, float]) -> bool:
         truth[decision] * (1 + PROMOTE.tie_tolerance) >= best
 
 
-def same(a: str, b: str, truth: Mapping[str, float]) -> bool:
+def same(a: str, b: str, truth: Mapping[str, float], tolerance: float = PROMOTE.tie_tolerance
+         ) -> bool:
     if a in truth and b in truth:
         lo, hi = sorted((truth[a], truth[b]))
-        return lo * (1 + PROMOTE.tie_tolerance) >= hi
+        return lo * (1 + tolerance) >= hi
     return a == b
 
 
@@ -304,12 +324,17 @@ def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int, max_k
              if not a.error and not g.error]
     agree = [same(da, dg, truth[b]) for a, g in pairs
              for (b, da), (_, dg) in zip(a.decisions, g.decisions, strict=True)]
+    # the same within the promotion margin: both deploy engines whose true speedups are closer
+    # than the margin, a difference no decision at this margin is meant to resolve
+    near = [same(da, dg, truth[b], PROMOTE.margin) for a, g in pairs
+            for (b, da), (_, dg) in zip(a.decisions, g.decisions, strict=True)]
     errors = [e for t in results["adaptive"] for e in t.mal_errors]
     flagged = [f for t in results["adaptive"] for f in t.flagged]
     grid, uniform = out["exhaustive"]["engine_s"], out["uniform"]["engine_s"]
     out |= {"ratio": out["adaptive"]["engine_s"] / grid if grid else math.nan,
             "ratio_uniform": out["adaptive"]["engine_s"] / uniform if uniform else math.nan,
             "same": sum(agree) / len(agree) if agree else math.nan,
+            "same_within_margin": sum(near) / len(near) if near else math.nan,
             "mal_error_median": statistics.median(errors) if errors else math.nan,
             "flagged": sum(flagged) / len(flagged) if flagged else math.nan,
             "truth": {b: max(v, key=lambda h: v[h]) if max(v.values()) > 1 + PROMOTE.margin
@@ -358,6 +383,20 @@ def main() -> int:
         console.print(f"{plan}: chain checks: acceptance length error median "
                       f"{r['mal_error_median']:.4f}; the MTP series flagged as not a chain in "
                       f"{r['flagged']:.0%} of band checks")
+    parts = Table(title="where the engine-seconds go (mean per sweep; round 0: the adaptive "
+                        "search's probe round, the grid's exploration of every config)")
+    for col in ("plan", "design", "part", "engine-s", "of the racing grid"):
+        parts.add_column(col, justify="left" if col in ("plan", "design", "part") else "right")
+    for plan, r in plans.items():
+        grid = r["exhaustive"]["engine_s"]
+        for search in ("exhaustive", "adaptive"):
+            for part, v in r[search]["by_stage"].items():
+                parts.add_row(plan, names[search], part, f"{v:.0f}", f"{v / grid:.3f}")
+    console.print(parts)
+    for plan, r in plans.items():
+        console.print(f"{plan}: same decision within the tie tolerance "
+                      f"({PROMOTE.tie_tolerance:.0%}) {r['same']:.1%}; within the margin "
+                      f"({PROMOTE.margin:.0%}) {r['same_within_margin']:.1%}")
     chains, mixed = plans["chains"], plans["mixed"]
     print(json.dumps({
         "engine_seconds_ratio_simulated": round(chains["ratio"], 3),
@@ -371,6 +410,10 @@ def main() -> int:
         "engine_seconds_ratio_mixed": round(mixed["ratio"], 3),
         "engine_seconds_ratio_uniform_mixed": round(mixed["ratio_uniform"], 3),
         "same_decision_mixed": round(mixed["same"], 3),
+        "same_decision_within_margin": round(chains["same_within_margin"], 3),
+        "same_decision_within_margin_mixed": round(mixed["same_within_margin"], 3),
+        "engine_s_by_stage": {names[d]: {k: round(v) for k, v in chains[d]["by_stage"].items()}
+                              for d in ("exhaustive", "adaptive")},
         "right_adaptive": round(chains["adaptive"]["right"], 3),
         "right_grid": round(chains["exhaustive"]["right"], 3),
         "right_adaptive_mixed": round(mixed["adaptive"]["right"], 3),
