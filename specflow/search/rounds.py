@@ -139,8 +139,8 @@ def _affordable(shape: Shape, stage: Stage, plan: list, total: Spent,
                 costs: tuple[float, float], extra: frozenset[str] = frozenset()
                 ) -> tuple[list, Spent | None]:
     """The plan if it fits the budget; a confirmation look shrinks to the largest that fits
-    (never below `confirm_starts`; `extra`: the open bands' contenders it also starts once).
-    Otherwise the cost that does not fit."""
+    (never below `confirm_starts`; `extra`: the open bands' contenders, whose starts make a
+    look a settling look, `settle_plan`). Otherwise the cost that does not fit."""
 
     def cost(p: list) -> Spent:
         return round_cost([PlannedStart(h, st, pts, r) for h, st, pts, r in p],
@@ -192,7 +192,7 @@ def _settle_affordable(plan: list, cost: Callable[[list], Spent], total: Spent,
 
 
 def _open_contenders(states: Mapping[BandKey, BandState]) -> frozenset[str]:
-    """Contenders of the bands left open that no band is confirming (one start in a look)."""
+    """Contenders of the bands left open that no band is confirming (a settling look's)."""
     winners = {st.contenders[0] for st in states.values() if st.status == "confirming"}
     return frozenset(h for st in open_after_exploring(states).values() for h in st.contenders
                      if h not in winners)
@@ -350,8 +350,8 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     exploration estimate (halfway to its lower bound, against the winner's curse) in every
     band it is confirmed in, at the corrected alpha and the noise measured so far with
     `repeats` windows per start, at least `confirm_starts`, at most `max_confirm_starts` (see
-    `BudgetSpec`). k winner starts have about k baseline starts around them: var ~ v_winner / k
-    + v_baseline / k."""
+    `BudgetSpec`). k winner starts are compared with about k of the look's baseline starts
+    (`confirm_plan`: one after each row): var ~ v_winner / k + v_baseline / k."""
     budget = shape.budget
     alpha = confirm_alpha(promote, budget) / max(1, len(confirming))
     z_alpha, z_power = z_upper(alpha), z_upper(0.1)

@@ -20,7 +20,9 @@ Model, per point (workload x concurrency), on log output throughput:
   start-to-start variation (racing, or more starts per config, fixes that).
 - Time-local baseline: each candidate start is compared with the baseline interpolated linearly
   in run order between the baseline starts around it (the nearest one where it has a neighbour
-  on one side only). A linear drift cancels; the contrast's variance counts every start it uses.
+  on one side only, as in a confirmation look of one row, whose drift between the two starts
+  then stays in the contrast). Between two, a linear drift cancels; the contrast's variance
+  counts every start it uses.
 - A speedup is exp(contrast) with a t interval (Satterthwaite-free: V's own df), and a one-sided
   p-value for "speedup <= 1 + margin".
 

@@ -637,6 +637,38 @@ def test_a_settling_look_shrinks_to_the_budget() -> None:
     assert {b.status for b in prog.states.values()} == {"off"}
 
 
+def test_a_one_row_look_confirms_on_its_own_baseline_start_after_the_winner() -> None:
+    """The CPU demo's confirmation (`confirm_starts` 1): a clear winner needs one fresh start, so
+    the look is that start and one baseline start after it, with no opening baseline start of its
+    own and no start for the open band's other contender. The confirmation test uses the look's
+    baseline start alone (the exploration's took part in the selection). The open band still
+    concludes off."""
+    budget = BudgetSpec(max_rounds=1, confirm_starts=1, max_confirm_starts=2, confirm_looks=1)
+    scn = simulate.scenario("race", candidates=2, classes=1, levels=(1, 8), repeats=2,
+                            closing_repeats=0, gains={0: 0.55},
+                            level_gains={(1, 1): 1.4, (1, 8): 0.85}, budget=budget)
+    rules = FAST.model_copy(update={"min_repeats": 2})
+    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.03), rules, 0)
+    assert not prog.problems
+    explored, confirm = prog.rounds
+    assert [s.engine_hash for s in explored.starts] == ["base", "c0", "c1", "base"]
+    assert confirm.stage == "confirm"
+    assert [s.engine_hash for s in confirm.starts] == ["c1", "base"]
+    assert prog.spent.engine_starts == 6  # the grid's 4 (3 configs, closing baseline) + 2 rounds
+    band = {b.band: b for b in prog.states.values()}
+    assert band["c1"].status == "confirmed" and band["c8"].status == "off"
+    assert set(band["c8"].ruled_out) == {"c0", "c1"}
+
+    (r,) = _decide(scn, prog, ms, rules).classes
+    (d,) = [d for d in r.decisions if d.band.label == "c1"]
+    assert d.outcome == "speculate" and d.winner is not None and d.winner.engine_hash == "c1"
+    worst = d.winner.worst
+    assert worst is not None and 1.2 < worst.speedup.value < 1.6
+    # confirmed on the look's two starts alone: the winner's one start (2 windows at the point)
+    # against the one baseline start after it (2 windows), none of the exploration's
+    assert (worst.starts, worst.n_candidate, worst.n_baseline) == (1, 2, 2)
+
+
 def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> None:
     """The demo's shape (two candidates, one exploration round): one candidate wins at level 1
     and loses at level 8, the other loses everywhere. The level-1 winner's confirmation starts,
