@@ -637,19 +637,28 @@ def test_a_settling_look_shrinks_to_the_budget() -> None:
     assert {b.status for b in prog.states.values()} == {"off"}
 
 
-def test_a_one_row_look_confirms_on_its_own_baseline_start_after_the_winner() -> None:
-    """The CPU demo's confirmation (`confirm_starts` 1): a clear winner needs one fresh start, so
-    the look is that start and one baseline start after it, with no opening baseline start of its
-    own and no start for the open band's other contender. The confirmation test uses the look's
-    baseline start alone (the exploration's took part in the selection). The open band still
-    concludes off."""
-    budget = BudgetSpec(max_rounds=1, confirm_starts=1, max_confirm_starts=2, confirm_looks=1)
+def _demo_shape(confirm_starts: int) -> tuple[simulate.Scenario, PromoteSpec,
+                                               rounds.SearchState, list[Measurement]]:
+    """The demo's shape raced: two candidates, one exploration round, one confirmation look;
+    c1 wins at level 1 (1.4x) and loses at level 8 (0.85x), c0 loses everywhere (0.55x)."""
+    budget = BudgetSpec(max_rounds=1, confirm_starts=confirm_starts, max_confirm_starts=2,
+                        confirm_looks=1)
     scn = simulate.scenario("race", candidates=2, classes=1, levels=(1, 8), repeats=2,
                             closing_repeats=0, gains={0: 0.55},
                             level_gains={(1, 1): 1.4, (1, 8): 0.85}, budget=budget)
     rules = FAST.model_copy(update={"min_repeats": 2})
     prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.03), rules, 0)
     assert not prog.problems
+    return scn, rules, prog, ms
+
+
+def test_a_one_row_look_confirms_on_its_own_baseline_start_after_the_winner() -> None:
+    """The CPU demo's confirmation (`confirm_starts` 1): a clear winner needs one fresh start, so
+    the look is that start and one baseline start after it, with no opening baseline start of its
+    own and no start for the open band's other contender. The confirmation test uses the look's
+    baseline start alone (the exploration's took part in the selection). The open band still
+    concludes off."""
+    scn, rules, prog, ms = _demo_shape(confirm_starts=1)
     explored, confirm = prog.rounds
     assert [s.engine_hash for s in explored.starts] == ["base", "c0", "c1", "base"]
     assert confirm.stage == "confirm"
@@ -676,13 +685,7 @@ def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> N
     (one start each cannot rule out there); the other contender gets no start of its own: the
     look's starts replicate the start-to-start variance at level 8, so its one start rules it
     out. Level 8 concludes off, level 1 promotes the winner."""
-    budget = BudgetSpec(max_rounds=1, confirm_starts=2, max_confirm_starts=2, confirm_looks=1)
-    scn = simulate.scenario("race", candidates=2, classes=1, levels=(1, 8), repeats=2,
-                            closing_repeats=0, gains={0: 0.55},
-                            level_gains={(1, 1): 1.4, (1, 8): 0.85}, budget=budget)
-    rules = FAST.model_copy(update={"min_repeats": 2})
-    prog, ms = simulate.run_sweep(scn, simulate.NoiseModel(cv=0.03, start_sd=0.03), rules, 0)
-    assert not prog.problems
+    scn, rules, prog, ms = _demo_shape(confirm_starts=2)
     explored = prog.rounds[0].states
     assert {(b.band, b.status) for b in explored} == {("c1", "confirming"), ("c8", "unresolved")}
     confirm = prog.rounds[-1]
