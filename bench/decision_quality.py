@@ -397,9 +397,7 @@ def demo_trial(args: tuple[tuple[int, ...], float, int, int]) -> DemoTrial:
     grid = len(sim.shape.candidates) + 1 + int(closing > 0)  # `steps.decide`'s grid cost
     tag = zlib.crc32(f"demo/{levels}/{cv}".encode())
     rng = np.random.default_rng(np.random.SeedSequence((seed, tag, trial)))
-    sign = 1.0 if rng.random() < 0.5 else -1.0
-    noise = simulate.NoiseModel(cv=cv, kind="t3", start_sd=START_SD, drift=sign * DRIFT,
-                                start_s=START_S, window_s=WINDOW_S)
+    noise = Scenario("t3", cv, 0.0).noise(rng)  # the other scenarios' start effect and drift
     _MEMO.clear()
     prog, ms = simulate.run_sweep(sim, noise, rules, seed=int(rng.integers(2**62)))
     _MEMO.clear()
@@ -411,13 +409,10 @@ def demo_trial(args: tuple[tuple[int, ...], float, int, int]) -> DemoTrial:
         result = analyze(opening, final_rules(rules), closing_baseline=later, race=prog.states)
     except AnalysisError as exc:
         return DemoTrial(starts, n_rounds, grid, error=str(exc)[:200])
-    winners, unresolved, right = [], [], []
-    for r in sorted(result.classes, key=lambda r: r.traffic_class):
-        for d in sorted(r.decisions, key=lambda d: d.band.lo):
-            winners.append(d.winner.engine_hash if d.winner is not None else None)
-            unresolved.append(d.outcome == "unresolved")
-            right.append(frozenset({"c0"}) if r.traffic_class == "class0" else frozenset())
-    return DemoTrial(starts, n_rounds, grid, tuple(winners), tuple(unresolved), tuple(right))
+    decided = _decided(result, prog.spent.engine_seconds)
+    # `_decided`'s order: classes by name (class0 = code, where n-gram wins), bands by level
+    right = (frozenset({"c0"}),) * len(levels) + (frozenset(),) * len(levels)
+    return DemoTrial(starts, n_rounds, grid, decided.promoted, decided.unresolved_at, right)
 
 
 def demo_figures(trials: Sequence[DemoTrial]) -> dict[str, Any]:

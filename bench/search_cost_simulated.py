@@ -322,12 +322,12 @@ def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int, max_k
                                             out["adaptive"]["right"], truth)
     pairs = [(a, g) for a, g in zip(results["adaptive"], results["exhaustive"], strict=True)
              if not a.error and not g.error]
-    agree = [same(da, dg, truth[b]) for a, g in pairs
-             for (b, da), (_, dg) in zip(a.decisions, g.decisions, strict=True)]
+    both = [(da, dg, truth[b]) for a, g in pairs
+            for (b, da), (_, dg) in zip(a.decisions, g.decisions, strict=True)]
+    agree = [same(*x) for x in both]
     # the same within the promotion margin: both deploy engines whose true speedups are closer
     # than the margin, a difference no decision at this margin is meant to resolve
-    near = [same(da, dg, truth[b], PROMOTE.margin) for a, g in pairs
-            for (b, da), (_, dg) in zip(a.decisions, g.decisions, strict=True)]
+    near = [same(*x, PROMOTE.margin) for x in both]
     errors = [e for t in results["adaptive"] for e in t.mal_errors]
     flagged = [f for t in results["adaptive"] for f in t.flagged]
     grid, uniform = out["exhaustive"]["engine_s"], out["uniform"]["engine_s"]
