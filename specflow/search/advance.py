@@ -118,8 +118,10 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                   ) -> tuple[dict[BandKey, BandState], bool]:
     """After an adaptive search's probe round: per band, predict every held-back candidate from
     its probe and add those that can still win as contenders (measured next round, beside the
-    probes); drop the rest with their prediction. A band with nothing to add takes an ordinary
-    exploration step. Returns the states and whether any band added a contender."""
+    probes); drop the rest with their prediction. A chain check's config is predicted so in the
+    bands it was not measured in (`Shape.check_points`), and a series whose check missed at any
+    point is measured in every band. A band with nothing to add takes an ordinary exploration
+    step. Returns the states and whether any band added a contender."""
     opening, later = split_baseline(data, shape.baseline)
     result = analyze(opening, _fast(promote, shape.budget), closing_baseline=later,
                      refused_by_headroom=refused, family="none", stage="explore", partial=True)
@@ -129,23 +131,26 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
         windows[(m.key.engine_hash, m.key.workload, m.key.concurrency)].append(m)
     threshold = 1 + promote.margin
     z = z_upper((1 - promote.confidence) / 2)
+    # a drafter is a chain or not whatever the band: its check at every point it was measured
+    checks = _chain_checks(shape.chains, windows, shape.points, z)
+    broken = {probe for probe, cs in checks.items() if not all(c.holds for c in cs)}
     out = dict(states)
     added = False
     for key, st in states.items():
         if st.status != "exploring":
             continue
         vs = verdicts.get(key, {})
+        # held back, and the chain checks not measured in this band: predicted here
+        band_held = held | {h for h in st.contenders if h in shape.chains and h not in vs}
         measured = {h: iv for h in st.contenders if (v := vs.get(h)) is not None
                     and not _gate_reasons(v) and (iv := _interval(v)) is not None}
         best_lo = max((iv.lo for iv in measured.values()), default=-math.inf)
         pending, pruned = [], []
-        checks = _chain_checks(shape.chains, windows, bands[key], z)
-        broken = {probe for probe, cs in checks.items() if not all(c.holds for c in cs)}
-        predictable = [h for h in sorted(held, key=shape.candidates.index)
+        predictable = [h for h in sorted(band_held, key=shape.candidates.index)
                        if shape.chains[h].probe not in broken]
         outranked = _outranked(predictable, shape.chains, vs, windows, bands[key], z,
                                promote.tie_tolerance)
-        for h in sorted(held, key=shape.candidates.index):
+        for h in sorted(band_held, key=shape.candidates.index):
             ch = shape.chains[h]
             iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z,
                             shape.kv_capacity.get(h))
@@ -164,7 +169,7 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
         ruled = (*st.ruled_out, *(h for h, _ in pruned))
         if pending:
             added = True
-            unmeasured = [h for h in st.contenders if h not in measured]
+            unmeasured = [h for h in st.contenders if h not in measured and h not in band_held]
             failing = {h: gates for h in unmeasured if h in vs and (gates := _gate_reasons(vs[h]))}
             gated = [(h, f"round 0: ruled out: {failing[h]}" if h in failing
                       else "round 0: not measured") for h in unmeasured]
@@ -173,7 +178,9 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                                estimates=measured, ruled_out=(*ruled, *failing),
                                notes=(*st.notes, *_check_notes(checks, broken)))
         else:
-            stepped = _explore_step(replace(st, dropped=(*st.dropped, *pruned), ruled_out=ruled,
+            stepped = _explore_step(replace(st, contenders=tuple(
+                                                h for h in st.contenders if h not in band_held),
+                                            dropped=(*st.dropped, *pruned), ruled_out=ruled,
                                             notes=(*st.notes, *_check_notes(checks, broken))),
                                     vs,
                                     _drift_protected(result, key, vs, data), promote, 0,
@@ -186,8 +193,8 @@ def _chain_checks(chains: Mapping[str, predict.Chain],
                   windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
                   points: Sequence[tuple[str, int]], z: float
                   ) -> dict[str, list[predict.ChainCheck]]:
-    """Per probe (engine hash), its series' chain check at every point of the band where both
-    the probe and the check were measured."""
+    """Per probe (engine hash), its series' chain check at every one of `points` where both the
+    probe and the check were measured."""
     out: dict[str, list[predict.ChainCheck]] = {}
     for h, ch in chains.items():
         if not ch.check:

@@ -68,6 +68,16 @@ class Shape:
     def points(self) -> tuple[tuple[str, int], ...]:
         return tuple((w, c) for w in self.workloads for c in self.concurrency)
 
+    @property
+    def check_points(self) -> tuple[tuple[str, int], ...]:
+        """Where an adaptive search's probe round measures a series' chain check: every
+        workload (acceptance is read per traffic class) at the highest concurrency level, where
+        the step cost departs furthest from the predictor's line in N (the batch's tokens reach
+        the compute knee there first). Elsewhere the check's config is predicted as any held-back
+        member is."""
+        top = max(self.concurrency)
+        return tuple((w, top) for w in self.workloads)
+
 
 @dataclass(frozen=True)
 class EngineStart:

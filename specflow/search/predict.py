@@ -67,8 +67,9 @@ class Chain:
     probe_n: int
     check: bool = False
     """The series' smallest N in a series of three or more: measured beside the probe in the
-    first round, its acceptance length checks the chain assumption (`check_chain`) before
-    anything of the series is pruned on a prediction."""
+    first round, at the highest concurrency level (`Shape.check_points`), its acceptance length
+    checks the chain assumption (`check_chain`) before anything of the series is pruned on a
+    prediction; a miss there makes every N of the series measured, in every band."""
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,7 @@ def _open_contenders(states: Mapping[BandKey, BandState]) -> frozenset[str]:
 def _held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
     """Candidates an adaptive search does not measure in its first round: those predicted from
     a probe that the headroom check let start (a series' chain check is measured beside its
-    probe)."""
+    probe, at `Shape.check_points`)."""
     if shape.search != "adaptive" or shape.design != "race":
         return frozenset()
     return frozenset(h for h, ch in shape.chains.items()
@@ -212,9 +212,15 @@ def _first_round(shape: Shape, alive: Sequence[str], held: frozenset[str] = froz
                  ) -> list[tuple[str, Stage, tuple[tuple[str, int], ...], int]]:
     """Grid: baseline, every candidate, closing baseline. Race: the same with a baseline start
     after every `baseline_every` candidates (an adaptive search holds back the candidates it
-    predicts from a probe)."""
+    predicts from a probe, and measures a series' chain check at `Shape.check_points` only)."""
     base = (shape.baseline, "explore", shape.points, shape.repeats)
-    cands = [(h, "explore", shape.points, shape.repeats) for h in shape.candidates
+
+    def points(h: str) -> tuple[tuple[str, int], ...]:
+        ch = shape.chains.get(h)
+        predicted = ch is not None and any(shape.chains[g].probe == ch.probe for g in held)
+        return shape.check_points if predicted and ch is not None and ch.check else shape.points
+
+    cands = [(h, "explore", points(h), shape.repeats) for h in shape.candidates
              if h not in held]
     if shape.design == "grid":
         closing = ([(shape.baseline, "explore", shape.points, shape.closing_repeats)]

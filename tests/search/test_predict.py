@@ -409,27 +409,31 @@ def test_a_curve_that_falls_or_bends_up_is_not_a_chain() -> None:
     assert predict.chain_curve({1: 1.8, 2: 1.78}) != ""
 
 
-def _series_shape() -> Shape:
+def _series_shape(levels: tuple[int, ...] = (1,)) -> Shape:
     """One n-gram series at N = 1..4: N=4 the probe, N=1 its chain check, N=2 and 3 predicted."""
     chains = {"ng1": predict.Chain("ng4", 1, 4, check=True), "ng2": predict.Chain("ng4", 2, 4),
               "ng3": predict.Chain("ng4", 3, 4)}
     return Shape(design="race", baseline="base", candidates=("ng1", "ng2", "ng3", "ng4"),
-                 workloads={"chat": "chat"}, concurrency=(1,), repeats=3, closing_repeats=1,
+                 workloads={"chat": "chat"}, concurrency=levels, repeats=3, closing_repeats=1,
                  search="adaptive", chains=chains)
 
 
-def _race_series(promote_spec: PromoteSpec, first: float
+def _race_series(promote_spec: PromoteSpec, first: float, levels: tuple[int, ...] = (1,),
+                 starts: list[Round] | None = None
                  ) -> tuple[list[list[str]], rounds.SearchState, list[Measurement]]:
     """The series raced with the probe at PR 48892's rates and N=1's first position accepted
-    `first`; the probe pays for its drafts (0.7x), so a chain predicts N=2 and 3 below 1."""
+    `first`; the probe pays for its drafts (0.7x), so a chain predicts N=2 and 3 below 1.
+    `starts` collects the rounds run."""
     started: list[list[str]] = []
     ms: list[Measurement] = []
     gains = {"ng4": 0.7, "ng1": 0.95, "ng2": 0.85, "ng3": 0.78}
     for _ in range(12):
-        progress = rounds.replay(_series_shape(), promote_spec, ms)
+        progress = rounds.replay(_series_shape(levels), promote_spec, ms)
         if progress.current is None:
             break
         started.append([s.engine_hash for s in progress.current.starts])
+        if starts is not None:
+            starts.append(progress.current)
         for m in _measure(progress.current, gains, MTP_PR48892_N8[:4]):
             if m.key.engine_hash == "ng1":
                 m = dataclasses.replace(m, per_position_acceptance=(first,))
@@ -463,6 +467,35 @@ def test_the_probe_round_checks_the_chain_and_measures_a_series_that_misses(
     lines = round_lines(after_probes, {"ng4": "ngram-n4"})
     assert "    ngram-n4's series: chain check at N=1 missed: acceptance length 1.834" in "\n".join(
         lines), lines
+
+
+def test_the_chain_check_is_measured_at_the_top_level_and_judges_the_series_in_every_band(
+        promote_spec: PromoteSpec) -> None:
+    """Two levels, one band each: the check (N=1) starts with the top level's windows only, is
+    predicted at c=1 like any held-back N, and its verdict on the chain holds for both bands."""
+    ran: list[Round] = []
+    started, progress, _ = _race_series(promote_spec, MTP_PR48892_N8[0], (1, 8), ran)
+    assert started[0] == ["base", "ng1", "ng4", "base"]
+    first = {s.engine_hash: s.points for s in ran[0].starts}
+    assert first["ng1"] == (("chat", 8),) and first["ng4"] == (("chat", 1), ("chat", 8))
+    # a chain: at c=1, N=1 is predicted from the probe and never started there; N=2 and 3 nowhere
+    assert all(s.points == (("chat", 8),) for r in ran for s in r.starts if s.engine_hash == "ng1")
+    assert not {"ng2", "ng3"} & {h for r in started for h in r}
+    low = progress.states[("chat", "c1")]
+    assert any(h == "ng1" and why.startswith("round 0: ruled out: predicted")
+               for h, why in low.dropped), low.dropped
+    for st in progress.states.values():
+        ((_, note),) = st.notes
+        assert note.startswith("chain check at N=1 holds") and note.endswith("from the probe")
+    # not a chain, seen at c=8 only: every N of the series is measured at c=1 as well
+    ran.clear()
+    started, progress, _ = _race_series(promote_spec, MTP_PR48892_N1, (1, 8), ran)
+    second = {s.engine_hash: s.points for s in ran[1].starts}
+    assert {"ng1", "ng2", "ng3"} <= set(second) and ("chat", 1) in second["ng1"], second
+    for st in progress.states.values():
+        ((_, note),) = st.notes
+        assert note.startswith("chain check at N=1 missed") and note.endswith("not predicted")
+        assert not any(why.startswith("round 0: ruled out: predicted") for _, why in st.dropped)
 
 
 def test_a_series_of_three_or_more_is_checked_at_its_smallest_n() -> None:
