@@ -1,6 +1,6 @@
 """Search cost at GPU scale, simulated: the adaptive search against the racing grid.
 
-Run: .venv/bin/python bench/search_cost_simulated.py [--trials 20] [--seed 0] [--workers 2]
+Run: .venv/bin/python bench/search_cost_simulated.py [--trials 60] [--seed 0] [--workers 2]
      [--max-k 6]
 
 The real round planner and decision code (`specflow.search.rounds`, `specflow.decision`) on a
@@ -48,7 +48,12 @@ share of bands where the two decide alike, each against the truth, the predictor
 length error on the chain series and how often the non-chain series was flagged; where each
 design's engine-seconds go (round 0 and the later rounds by stage, the baseline's apart); and the
 share of bands decided the same within the promotion margin (both deploy engines whose true
-speedups are closer than the margin; `same_decision_within_margin`). The last line
+speedups are closer than the margin; `same_decision_within_margin`). Two bounds beside them:
+the most any design can agree with the racing grid (`same_decision_ceiling`: per band, the
+grid's trials that agree with the one answer most of them agree with; the grid itself is noisy
+between near-tied N) and the adaptive search's floor (`engine_seconds_floor`: its own probe
+round, then one confirmation look of each band's true winner and nothing else; also with
+`confirm_starts` 1 and with the probes between two baseline starts only). The last line
 is one JSON object: engine_seconds_ratio_simulated, same_decision_simulated, mal_error_median,
 prediction_flagged, engine_seconds_ratio_uniform (adaptive / uniform repeats at equal error; a
 lower bound when no k up to --max-k reached it), and the designs' means.
@@ -77,8 +82,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specflow.decision.choose import analyze  # noqa: E402
 from specflow.decision.model import Analysis, AnalysisError  # noqa: E402
 from specflow.records.measurement import Measurement  # noqa: E402
-from specflow.search import predict, simulate  # noqa: E402
-from specflow.search.plan import final_rules, spent_by, split_baseline  # noqa: E402
+from specflow.search import predict, rounds, simulate  # noqa: E402
+from specflow.search.budget import PlannedStart, round_cost  # noqa: E402
+from specflow.search.plan import _band_keys, final_rules, spent_by, split_baseline  # noqa: E402
 from specflow.spec.schema import PromoteSpec  # noqa: E402
 
 console = Console(width=120)
@@ -310,6 +316,53 @@ def same(a: str, b: str, truth: Mapping[str, float], tolerance: float = PROMOTE.
     return a == b
 
 
+def agreement_ceiling(grid: Sequence[Trial], truth: Mapping[str, Mapping[str, float]]
+                      ) -> float:
+    """The most any design's decisions can agree with the racing grid's (`same`), on average
+    over the bands: per band, the share of the grid's trials that decide the same as the one
+    answer most of them agree with. Two designs' trials are independent, so a design answering
+    a with probability p(a) agrees with the grid with probability sum p(a) P(same(a, grid)) <=
+    max over a. Estimated from the grid's trials (the max over answers is biased upward)."""
+    ok = [t for t in grid if not t.error and t.decisions]
+    if not ok:
+        return math.nan
+    out = []
+    for i, (band, _) in enumerate(ok[0].decisions):
+        got = [t.decisions[i][1] for t in ok]
+        answers = {*truth[band], "off", "unresolved", *got}
+        out.append(max(sum(same(a, g, truth[band]) for g in got) for a in answers) / len(got))
+    return statistics.fmean(out)
+
+
+def engine_seconds_floor(plan: str, confirm_starts: int, bracketed: bool = False) -> float:
+    """The adaptive search at its best: its own probe round (`rounds._first_round`: each
+    drafter's probe at every point, the chain checks, the baseline starts among them) and then
+    at once one confirmation look (`rounds.confirm_plan`) of each band's true winner,
+    `confirm_starts` fresh starts at its bands' points, with the look's baseline starts at every
+    confirmed point; nothing explored between, no second look. Its engine-seconds at the bench's
+    costs. `bracketed`: the probe round between two baseline starts only (the fewest a
+    time-local baseline allows)."""
+    scn, _ = build_scenario(plan, "adaptive")
+    shape = scn.shape
+    if bracketed:
+        shape = replace(shape, baseline_every=len(shape.candidates))
+    held = rounds._held_back(shape, frozenset())
+    probes = rounds._first_round(shape, [h for h in shape.candidates if h not in held], held)
+    truth = band_speedups(plan)
+    per: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for (cls, label), points in _band_keys(shape, PROMOTE).items():
+        v = truth[f"{cls} {label}"]
+        best = max(v, key=lambda h: v[h])
+        if v[best] > 1 + PROMOTE.margin:
+            per[best].update(points)
+    base = (shape.baseline, "confirm", tuple(sorted({p for ps in per.values() for p in ps})),
+            shape.repeats)
+    look = rounds.confirm_plan(base, [((h, "confirm", tuple(sorted(per[h])), shape.repeats),
+                                       confirm_starts) for h in shape.candidates if h in per])
+    return round_cost([PlannedStart(*x) for x in (*probes, *look)], NOISE.start_s,
+                      NOISE.window_s).engine_seconds
+
+
 def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int, max_k: int
              ) -> dict[str, Any]:
     results = {search: list(pool.map(trial, [(plan, search, seed, i) for i in range(trials)]))
@@ -331,7 +384,14 @@ def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int, max_k
     errors = [e for t in results["adaptive"] for e in t.mal_errors]
     flagged = [f for t in results["adaptive"] for f in t.flagged]
     grid, uniform = out["exhaustive"]["engine_s"], out["uniform"]["engine_s"]
+    confirm_starts = build_scenario(plan, "adaptive")[0].shape.budget.confirm_starts
     out |= {"ratio": out["adaptive"]["engine_s"] / grid if grid else math.nan,
+            "floor": engine_seconds_floor(plan, confirm_starts) / grid if grid else math.nan,
+            "floor_one_start": engine_seconds_floor(plan, 1) / grid if grid else math.nan,
+            "floor_bracketed": (engine_seconds_floor(plan, confirm_starts, bracketed=True) / grid
+                                if grid else math.nan),
+            "confirm_starts": confirm_starts,
+            "ceiling": agreement_ceiling(results["exhaustive"], truth),
             "ratio_uniform": out["adaptive"]["engine_s"] / uniform if uniform else math.nan,
             "same": sum(agree) / len(agree) if agree else math.nan,
             "same_within_margin": sum(near) / len(near) if near else math.nan,
@@ -344,7 +404,7 @@ def run_plan(pool: ProcessPoolExecutor, plan: str, trials: int, seed: int, max_k
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-k", type=int, default=6,
@@ -396,7 +456,13 @@ def main() -> int:
     for plan, r in plans.items():
         console.print(f"{plan}: same decision within the tie tolerance "
                       f"({PROMOTE.tie_tolerance:.0%}) {r['same']:.1%}; within the margin "
-                      f"({PROMOTE.margin:.0%}) {r['same_within_margin']:.1%}")
+                      f"({PROMOTE.margin:.0%}) {r['same_within_margin']:.1%}; the most any "
+                      f"design can agree with the racing grid: {r['ceiling']:.1%}")
+        console.print(f"{plan}: the adaptive search's floor (its probe round, then one look "
+                      f"confirming each band's true winner): {r['floor']:.3f} of the racing "
+                      f"grid with confirm_starts {r['confirm_starts']}, "
+                      f"{r['floor_one_start']:.3f} with 1; {r['floor_bracketed']:.3f} with "
+                      "its probes between two baseline starts only")
     chains, mixed = plans["chains"], plans["mixed"]
     print(json.dumps({
         "engine_seconds_ratio_simulated": round(chains["ratio"], 3),
@@ -411,6 +477,12 @@ def main() -> int:
         "engine_seconds_ratio_uniform_mixed": round(mixed["ratio_uniform"], 3),
         "same_decision_mixed": round(mixed["same"], 3),
         "same_decision_within_margin": round(chains["same_within_margin"], 3),
+        "same_decision_ceiling": round(chains["ceiling"], 3),
+        "same_decision_ceiling_mixed": round(mixed["ceiling"], 3),
+        "engine_seconds_floor": round(chains["floor"], 3),
+        "engine_seconds_floor_confirm_starts_1": round(chains["floor_one_start"], 3),
+        "engine_seconds_floor_bracketed": round(chains["floor_bracketed"], 3),
+        "engine_seconds_floor_mixed": round(mixed["floor"], 3),
         "same_decision_within_margin_mixed": round(mixed["same_within_margin"], 3),
         "engine_s_by_stage": {names[d]: {k: round(v) for k, v in chains[d]["by_stage"].items()}
                               for d in ("exhaustive", "adaptive")},
