@@ -355,7 +355,11 @@ def _explore_step(st: BandState, verdicts: Mapping[str, Verdict],
     if protected & set(contenders) and index + 1 < max_rounds:
         leader = None  # nothing is selected on data a baseline step may have distorted
     if leader is None and index + 1 >= max_rounds:
-        leader = best
+        # the last round selects the best lower bound among the contenders whose estimate
+        # clears the margin: a narrow interval below it must not hide a wide one above it (the
+        # confirmation on fresh starts decides)
+        clearing = [h for h in contenders if estimates[h].value >= threshold]
+        leader = max(clearing, key=lambda h: estimates[h].lo) if clearing else best
     if leader is not None and estimates[leader].value >= threshold:
         name = verdicts[leader].engine if leader in verdicts else leader[:8]
         others = tuple((h, f"round {index}: {name} selected instead")

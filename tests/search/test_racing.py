@@ -711,3 +711,31 @@ def test_a_confirmation_also_measures_the_bands_the_exploration_left_open() -> N
         "  class0 c8: off; every candidate is ruled out"]
     table = "\n".join(rounds_table(prog.rounds))
     assert "c8: open (" in table and "c8: off" in table and "unresolved" not in table, table
+
+
+def test_the_last_exploration_round_selects_a_contender_whose_estimate_clears_the_margin(
+        ) -> None:
+    """The demo's plan at CV 10% (`bench/decision_quality.py`, one level, trial 154): n-gram's two
+    windows on its one start were 137 and 232 tok/s against the baseline's ~100, an estimate of
+    about 1.8x in an interval wide on both sides; the random drafter's tight 0.47x has the higher
+    lower bound. With no clear leader the last exploration round selects, among the contenders
+    whose estimate clears the margin, the best lower bound: n-gram goes to its confirmation on a
+    fresh start instead of the band ending unresolved on the random drafter's estimate."""
+    budget = BudgetSpec(max_rounds=1, confirm_starts=1, max_confirm_starts=2, confirm_looks=1)
+    scn = simulate.scenario("race", candidates=2, classes=1, levels=(1,), repeats=2,
+                            closing_repeats=0, budget=budget)
+    rules = FAST.model_copy(update={"min_repeats": 2})
+    explore = rounds.replay(scn.shape, rules, []).current
+    assert explore is not None
+    values = {"base": ((100.0, 101.0), (90.0, 112.0)), "c0": ((47.0, 47.5),),
+              "c1": ((137.0, 232.0),)}
+    ms = [simulate.window(scn, s, i, values[s.engine_hash][s.start][i], 30.0, 120.0)
+          for s in explore.starts for i in range(len(s.window_keys()))]
+    prog = rounds.replay(scn.shape, rules, ms)
+    (state,) = prog.states.values()
+    assert state.status == "confirming" and state.contenders == ("c1",), state
+    ests = prog.rounds[0].states[0].estimates
+    assert ests["c1"].value > 1 + rules.margin > ests["c0"].value
+    assert ests["c1"].lo < ests["c0"].lo  # the best lower bound alone would pick c0
+    assert prog.current is not None and [s.engine_hash for s in prog.current.starts] == [
+        "c1", "base"]
