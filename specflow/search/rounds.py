@@ -217,8 +217,9 @@ def _first_round(shape: Shape, alive: Sequence[str], held: frozenset[str] = froz
 
     def points(h: str) -> tuple[tuple[str, int], ...]:
         ch = shape.chains.get(h)
-        predicted = ch is not None and any(shape.chains[g].probe == ch.probe for g in held)
-        return shape.check_points if predicted and ch is not None and ch.check else shape.points
+        if ch is None or not ch.check or all(shape.chains[g].probe != ch.probe for g in held):
+            return shape.points
+        return shape.check_points  # a chain check whose series is predicted
 
     cands = [(h, "explore", points(h), shape.repeats) for h in shape.candidates
              if h not in held]
