@@ -449,42 +449,55 @@ DEMO = [  # the CPU demo's code class (conf/experiment/cpu_demo.yaml) with half 
 
 
 @pytest.mark.engine
-def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path, models: Path,
-                                                                 prefect_api: str) -> None:
+def test_a_racing_sweep_never_promotes_the_loser_and_leaves_its_trail(
+        tmp_path: Path, models: Path, prefect_api: str) -> None:
     """The CPU demo's code class, raced on the real engine: n-gram lookup truly wins on the
     agreeing target's long, self-repeating answers (~2.5-3x) and the random draft model truly
-    loses (it accepts no draft). Guaranteed at any machine speed: the band concludes with
-    n-gram promoted (a gain that large clears the margin at twice this machine's quiet noise);
-    the random drafter is never promoted nor shown to win, its estimate is a loss and its
-    acceptance length is 1 (deterministic); whether it is also *ruled out* after its one
-    exploration start depends on the start-to-start noise of the day, so either "ruled out" or
-    "open" is accepted (the power to rule out is measured in bench/decision_quality.py). The
-    rounds leave their trail: the run order, the console, the report and the MLflow parent run.
-    (The demo's second class, concluded off on the starts the confirmation pays for:
-    tests/search/test_racing.py, on simulated windows.)"""
+    loses (it accepts no draft).
+
+    Guaranteed at any machine speed: nothing wrong is concluded. The band is promoted (n-gram,
+    its lower bound above the margin: a quiet machine's answer) or left unresolved with n-gram
+    the best estimate and what would settle it (a machine whose load slows whole engine starts,
+    which a one-start-a-side look cannot tell from the drafter), never off and never the loser;
+    the random drafter is never shown to win, its estimate is a loss, and it is "ruled out" or
+    "open" (ruling it out after one start needs the day's start-to-start noise to be small). The
+    acceptance lengths are exact (1 for the random drafter, above 2 for n-gram). The rounds
+    leave their trail: the run order, the console, the report and the MLflow parent run, and a
+    second run measures nothing. How often each outcome is reached is bench/decision_quality.py's
+    figure, not this test's. (The demo's second class, concluded off on the starts the
+    confirmation pays for: tests/search/test_racing.py, on simulated windows.)"""
     args = [*DEMO, f"paths.models={models}", f"tracking.workdir={tmp_path / 'work'}",
             f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
             f"promote.output_dir={tmp_path / 'promoted'}"]
     proc = _run(tmp_path, args, api=prefect_api)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    code = promote.champion(tmp_path / "promoted", "code")
-    assert code is not None and code.outcome == "speculate", proc.stderr[-2000:]
-    assert code.engine.name == "ngram-n8"
-    (band,) = code.bands
-    assert band.outcome == "speculate" and band.speedup.lo > 1.05
-    rows = {r["engine"]: r for r in code.evidence.decision_table}
-    loser = rows["draft_model_random-n2"]
-    # never promoted, never a winner; ruled out on a quiet day, open on a noisy one
-    assert loser["verdict"] in ("ruled out", "open"), loser
-    assert loser["speedup"] < 1.0, loser  # the estimate is a loss, whatever its interval
     decided = proc.stdout.split("decision per traffic class and concurrency band")
-    assert len(decided) == 2 and "unresolved" not in decided[1], proc.stdout[-2000:]
-    # the last lines: what to deploy, in words
+    assert len(decided) == 2, proc.stdout[-2000:]
     last = proc.stdout.split("what to deploy, per traffic class\n")[-1].splitlines()
-    assert last[0].startswith("  code: ngram with N=8 at concurrency 4: "), proc.stdout[-2000:]
-    # the trail
+    code = promote.champion(tmp_path / "promoted", "code")
+    if code is not None and code.outcome == "speculate":  # concluded: the true winner
+        assert code.engine.name == "ngram-n8"
+        (band,) = code.bands
+        assert band.outcome == "speculate" and band.speedup.lo > 1.05
+        assert "unresolved" not in decided[1], proc.stdout[-2000:]
+        rows = {r["engine"]: r for r in code.evidence.decision_table}
+        loser = rows["draft_model_random-n2"]
+        assert loser["verdict"] in ("ruled out", "open") and loser["speedup"] < 1.0, loser
+        # the last lines: what to deploy, in words
+        assert last[0].startswith("  code: ngram with N=8 at concurrency 4: "), last
+    else:  # not settled on this machine today: said so, never "off", never the loser
+        assert code is None or code.outcome != "off", code
+        assert re.search(r"code c4: unresolved \[ngram-n8[,\]]", proc.stderr), \
+            proc.stderr[-3000:]
+        assert "draft_model_random" not in last[0] and "code:" in last[0], last
+    # what does not depend on the machine's speed: the random drafter accepts nothing, n-gram
+    # accepts drafts on the self-repeating answers
     ledger = _ledger(tmp_path)
     ms = [e.measurement for e in ledger.entries()]
+    assert all(m.mean_acceptance_length < 1.05 for m in ms
+               if m.engine.startswith("draft_model_random") and m.ok)
+    assert all(m.mean_acceptance_length > 2.0 for m in ms if m.engine == "ngram-n8" and m.ok)
+    # the trail
     starts = {(m.key.engine_hash, m.key.start): m.seq for m in ms}
     assert len(starts) == len(ledger.engine_starts()) >= 4
     assert sorted(starts.values()) == list(range(len(starts)))  # one run order, no gaps
@@ -492,26 +505,23 @@ def test_a_racing_sweep_concludes_a_true_winner_and_a_true_loser(tmp_path: Path,
     assert [first[s] for s in sorted(first)] == ["baseline", "ngram-n8", "draft_model_random-n2",
                                                  "baseline"]  # base, candidates, base
     assert all(m.engine_s > 0 for m in ms)
-    # what does not depend on the machine's speed: the random drafter accepts nothing, n-gram
-    # accepts drafts on the self-repeating answers
-    assert all(m.mean_acceptance_length < 1.05 for m in ms
-               if m.engine.startswith("draft_model_random") and m.ok)
-    assert all(m.mean_acceptance_length > 2.0 for m in ms if m.engine == "ngram-n8" and m.ok)
     # one bench driver served every engine start of the sweep (its vLLM imports paid once)
     records = [json.loads(p.read_text()) for p in (tmp_path / "work").rglob("engines/*.json")]
     assert len(records) == len(starts)
     assert len({tuple(r["load_generator_pids"]) for r in records}) == 1, records
     confirm = [m for m in ms if m.stage == "confirm"]
-    # the winner's fresh starts (as many as 90% power needs, at least one), a fresh baseline
-    # start after each and, in a look of several, one before the first (round 0 closed with one)
-    assert {m.round for m in confirm} == {1}
+    assert {m.round for m in confirm} == {1}  # the demo's one confirmation look
     order = {m.seq: m.engine for m in confirm}
     look = [order[s] for s in sorted(order)]
-    if look[0] == "baseline":
-        assert look[::2] == ["baseline"] * (len(look) // 2 + 1), look
-        assert look[1::2] == ["ngram-n8"] * (len(look) // 2) and len(look) >= 5, look
-    else:
-        assert look == ["ngram-n8", "baseline"], look
+    assert look[-1] == "baseline" and "ngram-n8" in look, look  # a look closes on a baseline
+    if "code c4: confirming [ngram-n8]" in proc.stderr:  # n-gram selected after exploring:
+        # its fresh starts (as many as 90% power needs, at least one), a fresh baseline start
+        # after each and, in a look of several, one before the first (round 0 closed with one)
+        if look[0] == "baseline":
+            assert look[::2] == ["baseline"] * (len(look) // 2 + 1), look
+            assert look[1::2] == ["ngram-n8"] * (len(look) // 2) and len(look) >= 5, look
+        else:
+            assert look == ["ngram-n8", "baseline"], look
     assert "round 0 (explore) done: 4 engine starts" in proc.stderr
     # no terminal: one plain line per engine start and per window, with done/left and an ETA
     assert "engine start #0 (round 0, explore): baseline; first window done" in proc.stderr
