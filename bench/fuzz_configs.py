@@ -1,6 +1,8 @@
 """Fuzz the configuration surface: random override sets and broken YAML files through the CLI.
 
-Run: .venv/bin/python bench/fuzz_configs.py [--overrides 1000] [--yaml 60] [--seed 0]
+Run: .venv/bin/python bench/fuzz_configs.py [--overrides 1000] [--yaml 60] [--seed 0] [--smoke]
+(--smoke: 8 override sets and 2 broken YAML files, seconds; tests/config/test_fuzz.py runs a
+larger seeded slice in-process)
 
 Override sets are drawn over the real conf key space (every leaf of every group's entries):
 wrong types, out of range, inf/nan, unknown keys and entries, list vs scalar, additions and
@@ -202,7 +204,11 @@ def main() -> int:
     parser.add_argument("--overrides", type=int, default=1000)
     parser.add_argument("--yaml", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the whole code path at its smallest: --overrides 8 --yaml 2")
     args = parser.parse_args()
+    if args.smoke:
+        args.overrides, args.yaml = 8, 2
     start = time.perf_counter()
     result = run(args.overrides, args.yaml, args.seed)
     elapsed = time.perf_counter() - start

@@ -1,7 +1,9 @@
 """The GPU check: specflow's real sweep on a real-shape model, against the memory model.
 
 Run: bash bench/gpu_check.sh        (installs the GPU stack, then runs this)
-     .venv/bin/python bench/gpu_check.py [--cpu-safe] [--dir DIR] [--layers L]
+     .venv/bin/python bench/gpu_check.py [--cpu-safe] [--dir DIR] [--layers L] [--smoke]
+(--smoke: the CPU-safe steps with one layer per model, in a temp directory removed afterwards
+unless --dir is given; tests/demo/test_realshape.py checks what they build)
 
 Steps, each a real `python -m specflow` command (conf/experiment/gpu_check.yaml):
 1. build Llama-3.1-8B's shape with random bf16 weights, its EAGLE-3 head and a Llama-3.2-1B
@@ -29,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -198,15 +201,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-safe", action="store_true",
                         help="build (one layer), compile and headroom only (default without a GPU)")
-    parser.add_argument("--dir", type=Path, default=ROOT / ".specflow" / "gpu_check",
-                        help="models, MLflow store and sweep files (default: .specflow/gpu_check)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="models, MLflow store and sweep files (default: .specflow/gpu_check;"
+                             " --smoke: a temp directory)")
     parser.add_argument("--layers", type=int, default=None,
                         help="decoder layers to build (default: real on a GPU, 1 otherwise)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the CPU-safe steps at their smallest: --cpu-safe --layers 1")
     args = parser.parse_args()
+    if args.smoke:
+        args.cpu_safe, args.layers = True, 1
+    if args.dir is not None:
+        return check(args, args.dir.resolve())
+    if not args.smoke:
+        return check(args, ROOT / ".specflow" / "gpu_check")
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:  # ~4 GB of checkpoints
+        return check(args, Path(tmp))
+
+
+def check(args: argparse.Namespace, root: Path) -> int:
+    """Steps 1-5 (1-3 without a GPU or with --cpu-safe) with everything under `root`; the
+    report, and 0 when every check ran and passed."""
     started = time.monotonic()
     gpu = _gpu() and not args.cpu_safe
     layers = args.layers if args.layers is not None else (None if gpu else 1)
-    root = args.dir.resolve()
     overrides = [f"paths.models={root / 'models'}", f"tracking.workdir={root / 'work'}",
                  f"tracking.uri=sqlite:///{root / 'mlflow.db'}"]
     console.print(f"GPU check: {'GPU' if gpu else 'CPU-safe parts only (no GPU)'}; "

@@ -1,7 +1,8 @@
 """Runner overhead: specflow's runner against a plain `vllm bench serve` on the same server.
 
 Run: .venv/bin/python bench/runner_overhead.py [--repeats 3] [--prompts 32] [--max-tokens 128]
-     [--concurrency 4] [--warmups 2] [--models DIR] [--workdir DIR]
+     [--concurrency 4] [--warmups 2] [--models DIR] [--workdir DIR] [--smoke]
+(--smoke: one repeat of 2 prompts x 8 tokens at concurrency 1 with one warm-up request)
 
 Starts one engine (the tiny target with the CPU demo's settings) and, interleaved per repeat,
 runs the same window three ways: specflow's runner with its long-lived load generator
@@ -72,7 +73,13 @@ def main() -> int:
     parser.add_argument("--warmups", type=int, default=2)
     parser.add_argument("--models", type=Path, default=None, help="tiny model dir (default: temp)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: temp)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the whole code path at its smallest: one repeat, 2 prompts x 8 "
+                             "tokens at concurrency 1, one warm-up request")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.prompts, args.max_tokens, args.concurrency, args.warmups = \
+            1, 2, 8, 1, 1
 
     tmp = Path(tempfile.mkdtemp(prefix="specflow-bench-"))
     models = args.models or tmp / "models"

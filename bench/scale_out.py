@@ -1,6 +1,9 @@
 """Scale-out: the same 4-config sweep dispatched to a Prefect work pool with 1 worker, then 2.
 
-    .venv/bin/python bench/scale_out.py [--workdir DIR] [--prompts 8] [--tokens 32]
+Run: .venv/bin/python bench/scale_out.py [--workdir DIR] [--prompts 8] [--tokens 32] [--repeats 3]
+     [--ngram "[1,2,3]"] [--smoke]
+(--smoke: 2 configs, the baseline and n-gram at N=1, 2 windows of 2 prompts x 8 tokens each:
+both phases, 4 engine starts)
 
 One `prefect server` and one `mlflow server` on loopback; a process pool per phase (`w1`, `w2`),
 its workers each owning one fake device id. On this CPU machine a worker's "device" is a core:
@@ -45,7 +48,7 @@ console = Console(highlight=False)
 def _overrides(models: Path, work: Path, uri: str, experiment: str, a: argparse.Namespace
                ) -> list[str]:
     return ["experiment=cpu_demo", "drafter=[none,ngram]",
-            "+sweep.num_speculative_tokens.ngram=[1,2,3]", "workload=[chat]",
+            f"+sweep.num_speculative_tokens.ngram={a.ngram}", "workload=[chat]",
             f"workload.chat.num_prompts={a.prompts}", f"workload.chat.max_tokens={a.tokens}",
             "sweep.concurrency=[1]", f"sweep.repeats={a.repeats}", "promote.min_repeats=2",
             "sweep.closing_baseline_repeats=0", "sweep.design=grid", f"paths.models={models}",
@@ -124,7 +127,14 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per request")
     parser.add_argument("--repeats", type=int, default=3, help="windows per config")
+    parser.add_argument("--ngram", default="[1,2,3]",
+                        help="n-gram's N values (with the baseline, the sweep's configs)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="both phases at their smallest: 2 configs, 2 windows of 2 prompts "
+                             "x 8 tokens")
     a = parser.parse_args()
+    if a.smoke:
+        a.ngram, a.prompts, a.tokens, a.repeats = "[1]", 2, 8, 2  # 2: promote.min_repeats
     tmp = a.workdir or Path(tempfile.mkdtemp(prefix="scale_out-"))
     tmp.mkdir(parents=True, exist_ok=True)
     models = tmp / "models"
@@ -147,7 +157,7 @@ def main() -> int:
         mlflow.kill()
         live.stop(server)
 
-    t = Table(title="the same 4-config sweep on a process work pool")
+    t = Table(title=f"the same {phases[0]['configs']}-config sweep on a process work pool")
     for c in ("workers", "wall s", "configs", "engine starts", "queued s (median)",
               "dispatch overhead s (median)", "engine-seconds"):
         t.add_column(c, justify="right")

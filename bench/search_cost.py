@@ -1,15 +1,17 @@
 """Search cost: the adaptive search against the grid, on the real CPU engine, in one run.
 
-Run: .venv/bin/python bench/search_cost.py [--workdir DIR] [--n-max 5] [--max-rounds R]
+Run: .venv/bin/python bench/search_cost.py [--workdir DIR] [--n-max 5] [--max-rounds R] [--smoke]
+(--smoke: the baseline and n-gram at N = 1..2 only, code completion alone with 2 prompts x 32
+tokens, concurrency 1, no closing baseline, confirmation from one start: the whole code path)
 
 The same plan both ways, through the real main job (`pipelines.sweep.run`: Prefect, the vLLM
-engine, the ledger, MLflow): the tiny target; the baseline, n-gram, the derived draft model
-(intermediate acceptance) and the copy draft model, each at N = 1..n-max; concurrency 1 and 4;
-the demo's two workloads. The grid (`sweep.design=grid`) starts every config once; the adaptive
-search (`sweep.design=race sweep.search=adaptive`, the demo's race budget without its caps)
-measures each drafter at its largest N first, predicts the rest from its per-position
-acceptance and step cost, starts what can still win and confirms its selections on fresh
-engine starts.
+engine, the ledger, MLflow): the tiny target (`experiment=cpu_tiny`); the baseline, n-gram, the
+derived draft model (intermediate acceptance) and the copy draft model, each at N = 1..n-max;
+concurrency 1 and 4; cpu_tiny's two workloads (chat, code completion). The grid
+(`sweep.design=grid`) starts every config once; the adaptive search (`sweep.design=race
+sweep.search=adaptive`, cpu_tiny's race budget without its caps) measures each drafter at its
+largest N first, predicts the rest from its per-position acceptance and step cost, starts what
+can still win and confirms its selections on fresh engine starts.
 
 Prints the engine starts, windows and engine-seconds of each, their ratio, what each round
 of the adaptive search started, whether the decisions agree per (traffic class, band) (the
@@ -44,14 +46,22 @@ from specflow.steps.context import open_sweep
 from specflow.steps.decide import analyse
 
 console = Console(width=120)
+SMOKE = ["drafter=[none,ngram]", "workload=[code_completion]",
+         "workload.code_completion.num_prompts=2", "workload.code_completion.max_tokens=32",
+         "sweep.concurrency=[1]", "sweep.closing_baseline_repeats=0",
+         "sweep.budget.confirm_starts=1"]
+"""--smoke's plan (with --n-max 2): the fewest engine starts that still run both designs, the
+adaptive search's prediction (N=1 from N=2) and its confirmation."""
 
 
-def _overrides(models: Path, out: Path, n_max: int) -> list[str]:
+def _overrides(models: Path, out: Path, n_max: int, smoke: bool) -> list[str]:
     n = f"1..{n_max}"
-    return ["experiment=cpu_demo", "drafter=[none,ngram,draft_model_derived,draft_model]",
-            f"sweep.num_speculative_tokens.ngram={n}",
-            f"+sweep.num_speculative_tokens.draft_model_derived={n}",
-            f"sweep.num_speculative_tokens.draft_model={n}", "sweep.max_engine_configs=64",
+    plan = [f"sweep.num_speculative_tokens.ngram={n}", *SMOKE] if smoke else [
+        "drafter=[none,ngram,draft_model_derived,draft_model]",
+        f"sweep.num_speculative_tokens.ngram={n}",
+        f"+sweep.num_speculative_tokens.draft_model_derived={n}",
+        f"sweep.num_speculative_tokens.draft_model={n}"]
+    return ["experiment=cpu_tiny", *plan, "sweep.max_engine_configs=64",
             f"paths.models={models}", f"tracking.workdir={out}",
             f"tracking.uri=sqlite:///{out / 'mlflow.db'}", f"promote.output_dir={out / 'promoted'}"]
 
@@ -141,13 +151,19 @@ def main() -> int:
     parser.add_argument("--n-max", type=int, default=5)
     parser.add_argument("--max-rounds", type=int, default=None,
                         help="exploration rounds of the adaptive search (default: the "
-                             "experiment's, cpu_demo: 1)")
+                             "experiment's, cpu_tiny: 1)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the whole code path at its smallest: --n-max 2 and SMOKE's plan")
     args = parser.parse_args()
+    if args.smoke:
+        args.n_max = 2
     work = args.workdir or Path(tempfile.mkdtemp(prefix="search_cost-"))
     models = work / "models"
     tiny.build_all(models)
-    grid = _sweep([*_overrides(models, work / "grid", args.n_max), "sweep.design=grid"])
-    adaptive = _sweep([*_overrides(models, work / "adaptive", args.n_max), "sweep.design=race",
+    grid = _sweep([*_overrides(models, work / "grid", args.n_max, args.smoke),
+                   "sweep.design=grid"])
+    adaptive = _sweep([*_overrides(models, work / "adaptive", args.n_max, args.smoke),
+                       "sweep.design=race",
                        "sweep.search=adaptive", "sweep.budget.windows=null",
                        "sweep.budget.engine_starts=null",
                        *([f"sweep.budget.max_rounds={args.max_rounds}"]

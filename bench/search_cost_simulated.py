@@ -1,7 +1,9 @@
 """Search cost at GPU scale, simulated: the adaptive search against the racing grid.
 
 Run: .venv/bin/python bench/search_cost_simulated.py [--trials 60] [--seed 0] [--workers 2]
-     [--max-k 6]
+     [--max-k 6] [--smoke]
+(--smoke: one trial per design and plan, uniform repeats at k = 2 only, seconds: the whole code
+path, figures that mean nothing)
 
 The real round planner and decision code (`specflow.search.rounds`, `specflow.decision`) on a
 GPU-sized plan, measured by `specflow.search.simulate` instead of an engine: three drafters x
@@ -409,7 +411,11 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-k", type=int, default=6,
                     help="the most starts per config tried for uniform repeats")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the whole code path at its smallest: --trials 1 --max-k 2")
     args = ap.parse_args()
+    if args.smoke:
+        args.trials, args.max_k = 1, 2
     if args.max_k < 2:
         ap.error(f"--max-k {args.max_k}: uniform repeats need at least 2 starts per config")
     with ProcessPoolExecutor(args.workers) as pool:

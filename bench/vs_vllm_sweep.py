@@ -2,16 +2,19 @@
 
 Run: .venv/bin/python bench/vs_vllm_sweep.py [--workdir DIR] [--runs 3] [--n "[1,3,5]"]
      [--prompts 16] [--tokens 64] [--order specflow,vllm]
-     [--paired baseline,ngram-n3,draft_model-n3] [--paired-only]
+     [--paired baseline,ngram-n3,draft_model-n3] [--paired-only] [--smoke]
+(--smoke: the baseline and n-gram at N=2 only, concurrency 1, no closing baseline, 2 runs of 2
+prompts x 32 tokens, n-gram alone paired: 5 engine starts, the whole code path)
 
-The grid: the tiny fp32 target on the CPU engine; the baseline, n-gram at N=1,3,5 and the draft
-model (the target's copy) at N=1,3,5; concurrency 1 and 4; `--runs` windows per point; 16
-random-token prompts of 64 tokens in and 64 out; 2 warm-up prompts per config and concurrency.
-specflow runs it as its main job (`pipelines.sweep.run` with `sweep.design=grid`: Prefect, the
-ledger, MLflow, the closing baseline). vLLM's sweep gets the same engines (each config's compiled
-`vllm serve` argv and environment, through a `vllm` launcher script), the same prompts (the
-dataset specflow materialised) and the same bench settings, and runs its own loop: one engine
-start per config, one `vllm bench serve` process per run.
+The grid: the tiny fp32 target on the CPU engine (`experiment=cpu_tiny`: n-gram matching from
+one token, as the tiny random model repeats short n-grams); the baseline, n-gram at N=1,3,5 and
+the draft model (the target's copy) at N=1,3,5; concurrency 1 and 4; `--runs` windows per point;
+16 random-token prompts of 64 tokens in and 64 out; 2 warm-up prompts per config and
+concurrency. specflow runs it as its main job (`pipelines.sweep.run` with `sweep.design=grid`:
+Prefect, the ledger, MLflow, the closing baseline). vLLM's sweep gets the same engines (each
+config's compiled `vllm serve` argv and environment, through a `vllm` launcher script), the same
+prompts (the dataset specflow materialised) and the same bench settings, and runs its own loop:
+one engine start per config, one `vllm bench serve` process per run.
 
 The two grids run one after the other, minutes apart, on a machine whose speed drifts (a shared
 machine: the same baseline window measured 178 and 350 tok/s ten minutes apart), so their
@@ -58,18 +61,23 @@ from specflow.steps.context import Context, open_sweep
 
 console = Console(width=120)
 READY = re.compile(r"=== specflow [0-9:]+: ready on \S+ after ([0-9.]+) s")
+SMOKE = {"runs": 2, "n": "[2]", "prompts": 2, "tokens": 32, "paired": "ngram-n2"}
+"""--smoke's sizes (2 runs: promote.min_repeats; 32 tokens, so that n-gram finds matches and the
+acceptance lengths are compared); `_overrides` also drops the draft model, the closing baseline
+and concurrency 4."""
 
 
 def _overrides(models: Path, out: Path, a: argparse.Namespace) -> list[str]:
-    return ["experiment=cpu_demo", "drafter=[none,ngram,draft_model]",
-            f"sweep.num_speculative_tokens.ngram={a.n}",
-            f"sweep.num_speculative_tokens.draft_model={a.n}",
+    drafters = ["ngram"] if a.smoke else ["ngram", "draft_model"]
+    return ["experiment=cpu_tiny", f"drafter=[none,{','.join(drafters)}]",
+            *[f"sweep.num_speculative_tokens.{d}={a.n}" for d in drafters],
             "workload=[random_tokens]", f"workload.random_tokens.num_prompts={a.prompts}",
             f"workload.random_tokens.max_tokens={a.tokens}",
             f"workload.random_tokens.input_len={a.tokens}",
             "sweep.design=grid", "sweep.search=exhaustive", f"sweep.repeats={a.runs}",
-            "sweep.closing_baseline_repeats=1", "sweep.warmup_requests=2",
-            "sweep.concurrency=[1,4]", "promote.min_repeats=2", f"paths.models={models}",
+            f"sweep.closing_baseline_repeats={0 if a.smoke else 1}", "sweep.warmup_requests=2",
+            f"sweep.concurrency={'[1]' if a.smoke else '[1,4]'}", "promote.min_repeats=2",
+            f"paths.models={models}",
             f"tracking.workdir={out}", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
             f"promote.output_dir={out / 'promoted'}"]
 
@@ -233,7 +241,11 @@ def main() -> int:
     parser.add_argument("--paired", default="baseline,ngram-n3,draft_model-n3",
                         help="configs measured by both tools on one engine, alternating")
     parser.add_argument("--paired-only", action="store_true", help="skip the two grids")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the whole code path at its smallest (SMOKE): 5 engine starts")
     a = parser.parse_args()
+    if a.smoke:
+        vars(a).update(SMOKE)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="vs_vllm_sweep-"))
     models = work / "models"
     tiny.build_all(models)

@@ -1,0 +1,71 @@
+"""Every benchmark in bench/ still composes its configs and runs end to end at its smoke size
+(`--smoke`): exit 0, no traceback, and its last stdout line one JSON object of figures.
+
+What a benchmark measures is not checked here (its figures at smoke size mean nothing; measured
+ones live in docs/benchmarks.md). A new `bench/*.py` is collected on its own and fails until it
+has a `--smoke` flag. tests/config/test_fuzz.py and tests/demo/test_realshape.py check the
+fuzzer's and the GPU check's results; here they only have to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHES = sorted((ROOT / "bench").glob("*.py"))
+
+ENGINE = frozenset({"engine_start", "runner_overhead", "search_cost", "vs_vllm_sweep",
+                    "scale_out"})
+"""The benchmarks that start the real vLLM engine."""
+
+ARGS = {
+    "engine_start": ["--workdir", "{tmp}/work", "--models", "{tmp}/models"],
+    "runner_overhead": ["--workdir", "{tmp}/work", "--models", "{tmp}/models"],
+    "search_cost": ["--workdir", "{tmp}/work"],
+    "vs_vllm_sweep": ["--workdir", "{tmp}/work"],
+    "scale_out": ["--workdir", "{tmp}/work"],
+}
+"""Where a benchmark takes a directory: the test's own (the others write nothing, or only under
+TMPDIR, which is the test's too; the GPU check removes its ~4 GB of checkpoints itself)."""
+
+COUNT = {
+    "decision_quality": "trials",
+    "search_cost_simulated": "starts_grid",
+    "fuzz_configs": "total",
+    "headroom_matrix": "combinations",
+    "gpu_check": "engine_configs",
+    "engine_start": "spawned_start_s",
+    "runner_overhead": "window_wall_s_driver",
+    "search_cost": "grid_starts",
+    "vs_vllm_sweep": "pairs",
+    "scale_out": "configs",
+}
+"""A figure of each benchmark's JSON line that is positive whenever it measured anything."""
+
+
+@pytest.mark.parametrize("bench", [
+    pytest.param(b, id=b.stem, marks=[pytest.mark.engine] if b.stem in ENGINE else [])
+    for b in BENCHES])
+def test_the_benchmark_runs_end_to_end_at_its_smoke_size(bench: Path, tmp_path: Path) -> None:
+    """`python bench/<name>.py --smoke` in a subprocess, in the suite's hermetic environment
+    with TMPDIR the test's directory: exit 0, no traceback on stderr, and the last non-empty
+    stdout line a JSON object whose count figure (COUNT) is positive."""
+    args = [a.format(tmp=tmp_path) for a in ARGS.get(bench.stem, [])]
+    proc = subprocess.run([sys.executable, str(bench), "--smoke", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, check=False,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
+    tail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, tail
+    assert "Traceback" not in proc.stderr, tail
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert lines, tail
+    figures = json.loads(lines[-1])
+    assert isinstance(figures, dict) and figures, lines[-1]
+    if bench.stem in COUNT:
+        assert figures[COUNT[bench.stem]] > 0, lines[-1]
