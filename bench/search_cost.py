@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python bench/search_cost.py [--workdir DIR] [--n-max 5] [--max-rounds R] [--smoke]
 (--smoke: the baseline and n-gram at N = 1..2 only, code completion alone with 2 prompts x 32
-tokens, concurrency 1, no closing baseline, confirmation from one start: the whole code path)
+tokens, concurrency 1, no closing baseline, one exploration round and one confirmation look
+of one start a side: the whole code path)
 
 The same plan both ways, through the real main job (`pipelines.sweep.run`: Prefect, the vLLM
 engine, the ledger, MLflow): the tiny target (`experiment=cpu_tiny`); the baseline, n-gram, the
@@ -49,7 +50,8 @@ console = Console(width=120)
 SMOKE = ["drafter=[none,ngram]", "workload=[code_completion]",
          "workload.code_completion.num_prompts=2", "workload.code_completion.max_tokens=32",
          "sweep.concurrency=[1]", "sweep.closing_baseline_repeats=0",
-         "sweep.budget.confirm_starts=1"]
+         "sweep.budget.confirm_starts=1", "sweep.budget.max_confirm_starts=2",
+         "sweep.budget.max_rounds=1", "sweep.budget.confirm_looks=1"]
 """--smoke's plan (with --n-max 2): the fewest engine starts that still run both designs, the
 adaptive search's prediction (N=1 from N=2) and its confirmation."""
 

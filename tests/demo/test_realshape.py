@@ -1,5 +1,6 @@
-"""The GPU check's CPU-safe parts (bench/gpu_check.sh --cpu-safe), as CI runs them: the
-real-shape builders (one decoder layer, every other dimension real), compile and headroom.
+"""The GPU check's CPU-safe parts (bench/gpu_check.sh --smoke: --cpu-safe, one layer), as CI
+runs them: the real-shape builders (one decoder layer, every other dimension real), compile and
+headroom.
 
 The engine side (an 8B target, synthetic rejection sampling) needs a GPU; what can be checked
 without one is that the built checkpoints are what vLLM's loaders and the memory model expect.
@@ -27,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def check(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """One run of the script's CPU-safe part: its output and last-line figures (the ~4 GB of
-    one-layer checkpoints are removed afterwards)."""
+    """One run of the script's CPU-safe part at its smoke size (`--smoke`: `--cpu-safe` with one
+    layer per model; the suite's run of this benchmark, tests/test_bench.py): its output and
+    last-line figures (the ~4 GB of one-layer checkpoints are removed afterwards)."""
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--cpu-safe"],
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--smoke"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, PYTHON=sys.executable, GPU_CHECK_DIR=str(out)))
     try:
