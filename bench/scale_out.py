@@ -2,8 +2,8 @@
 
 Run: .venv/bin/python bench/scale_out.py [--workdir DIR] [--prompts 8] [--tokens 32] [--repeats 3]
      [--ngram "[1,2,3]"] [--smoke]
-(--smoke: 2 configs, the baseline and n-gram at N=1, 2 windows of 2 prompts x 8 tokens each:
-both phases, 4 engine starts)
+(--smoke: the baseline alone, 2 windows of 2 prompts x 8 tokens: both phases, 2 engine starts;
+`--ngram "[]"`: no n-gram configs)
 
 One `prefect server` and one `mlflow server` on loopback; a process pool per phase (`w1`, `w2`),
 its workers each owning one fake device id. On this CPU machine a worker's "device" is a core:
@@ -47,8 +47,9 @@ console = Console(highlight=False)
 
 def _overrides(models: Path, work: Path, uri: str, experiment: str, a: argparse.Namespace
                ) -> list[str]:
-    return ["experiment=cpu_demo", "drafter=[none,ngram]",
-            f"+sweep.num_speculative_tokens.ngram={a.ngram}", "workload=[chat]",
+    ngram = [] if a.ngram == "[]" else [f"+sweep.num_speculative_tokens.ngram={a.ngram}"]
+    return ["experiment=cpu_demo", f"drafter=[none{',ngram' if ngram else ''}]", *ngram,
+            "workload=[chat]",
             f"workload.chat.num_prompts={a.prompts}", f"workload.chat.max_tokens={a.tokens}",
             "sweep.concurrency=[1]", f"sweep.repeats={a.repeats}", "promote.min_repeats=2",
             "sweep.closing_baseline_repeats=0", "sweep.design=grid", f"paths.models={models}",
@@ -130,11 +131,11 @@ def main() -> int:
     parser.add_argument("--ngram", default="[1,2,3]",
                         help="n-gram's N values (with the baseline, the sweep's configs)")
     parser.add_argument("--smoke", action="store_true",
-                        help="both phases at their smallest: 2 configs, 2 windows of 2 prompts "
-                             "x 8 tokens")
+                        help="both phases at their smallest: the baseline alone, 2 windows of "
+                             "2 prompts x 8 tokens")
     a = parser.parse_args()
     if a.smoke:
-        a.ngram, a.prompts, a.tokens, a.repeats = "[1]", 2, 8, 2  # 2: promote.min_repeats
+        a.ngram, a.prompts, a.tokens, a.repeats = "[]", 2, 8, 2  # 2: promote.min_repeats
     tmp = a.workdir or Path(tempfile.mkdtemp(prefix="scale_out-"))
     tmp.mkdir(parents=True, exist_ok=True)
     models = tmp / "models"
