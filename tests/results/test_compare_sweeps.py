@@ -249,8 +249,10 @@ def test_a_rerun_under_a_new_revision_reports_the_change_and_demotes_the_champio
 def test_a_soak_measures_one_engine_for_a_while_and_reports_its_trend(
         sweeps: dict[str, Any]) -> None:
     """`sweep.soak`: the copy drafter's engine, one start, window after window for 20 s; the
-    trend of its throughput and acceptance length (exactly flat: the copy accepts all) is
-    reported; the soak's windows stay out of the sweep's ledger and decision."""
+    trend of its throughput and acceptance length is reported; the soak's windows stay out of
+    the sweep's ledger and decision. Guaranteed at any machine speed: the acceptance length's
+    trend is exactly flat (the copy accepts all); the throughput's may be any of the three
+    verdicts (outside load over 20 s is a trend), with its interval."""
     run, sweep = sweeps["again_run"], sweeps["again"]
     head = re.search(r"soak of draft_model-n4: (\d+) windows over (\d+) s \(0 failed\)",
                      run.stdout)
