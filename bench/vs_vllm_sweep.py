@@ -1,10 +1,10 @@
 """The same grid, two ways: specflow's main job against `vllm bench sweep serve`, in one run.
 
-Run: .venv/bin/python bench/vs_vllm_sweep.py [--workdir DIR] [--runs 3] [--n "[1,3,5]"]
-     [--prompts 16] [--tokens 64] [--order specflow,vllm]
+Run: .venv/bin/python bench/vs_vllm_sweep.py [--workdir DIR] [--models DIR] [--runs 3]
+     [--n "[1,3,5]"] [--prompts 16] [--tokens 64] [--order specflow,vllm]
      [--paired baseline,ngram-n3,draft_model-n3] [--paired-only] [--smoke]
-(--smoke: the baseline and n-gram at N=2 only, concurrency 1, no closing baseline, 2 runs of 2
-prompts x 32 tokens, n-gram alone paired: 5 engine starts, the whole code path)
+(--smoke: the baseline alone, concurrency 1, no closing baseline, 2 runs of 2 prompts x 16
+tokens, the `uni` executor, paired too: 3 engine starts, the whole code path)
 
 The grid: the tiny fp32 target on the CPU engine (`experiment=cpu_tiny`: n-gram matching from
 one token, as the tiny random model repeats short n-grams); the baseline, n-gram at N=1,3,5 and
@@ -61,15 +61,15 @@ from specflow.steps.context import Context, open_sweep
 
 console = Console(width=120)
 READY = re.compile(r"=== specflow [0-9:]+: ready on \S+ after ([0-9.]+) s")
-SMOKE = {"runs": 2, "n": "[2]", "prompts": 2, "tokens": 32, "paired": "ngram-n2"}
-"""--smoke's sizes (2 runs: promote.min_repeats; 32 tokens, so that n-gram finds matches and the
-acceptance lengths are compared); `_overrides` also drops the draft model, the closing baseline
-and concurrency 4."""
+SMOKE = {"runs": 2, "prompts": 2, "tokens": 16, "paired": "baseline"}
+"""--smoke's sizes (2 runs: promote.min_repeats); `_overrides` also drops both drafters, the
+closing baseline and concurrency 4, and takes the `uni` executor: one engine start in each grid
+and one paired."""
 
 
 def _overrides(models: Path, out: Path, a: argparse.Namespace) -> list[str]:
-    drafters = ["ngram"] if a.smoke else ["ngram", "draft_model"]
-    return ["experiment=cpu_tiny", f"drafter=[none,{','.join(drafters)}]",
+    drafters = [] if a.smoke else ["ngram", "draft_model"]
+    return ["experiment=cpu_tiny", f"drafter=[{','.join(['none', *drafters])}]",
             *[f"sweep.num_speculative_tokens.{d}={a.n}" for d in drafters],
             "workload=[random_tokens]", f"workload.random_tokens.num_prompts={a.prompts}",
             f"workload.random_tokens.max_tokens={a.tokens}",
@@ -77,6 +77,8 @@ def _overrides(models: Path, out: Path, a: argparse.Namespace) -> list[str]:
             "sweep.design=grid", "sweep.search=exhaustive", f"sweep.repeats={a.runs}",
             f"sweep.closing_baseline_repeats={0 if a.smoke else 1}", "sweep.warmup_requests=2",
             f"sweep.concurrency={'[1]' if a.smoke else '[1,4]'}", "promote.min_repeats=2",
+            # the smoke's starts ~8 s shorter: no separate model-worker process
+            *(["backend.engine.distributed_executor_backend=uni"] if a.smoke else []),
             f"paths.models={models}",
             f"tracking.workdir={out}", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
             f"promote.output_dir={out / 'promoted'}"]
@@ -241,13 +243,15 @@ def main() -> int:
     parser.add_argument("--paired", default="baseline,ngram-n3,draft_model-n3",
                         help="configs measured by both tools on one engine, alternating")
     parser.add_argument("--paired-only", action="store_true", help="skip the two grids")
+    parser.add_argument("--models", type=Path, default=None,
+                        help="the tiny models, built there if missing (default: under workdir)")
     parser.add_argument("--smoke", action="store_true",
-                        help="the whole code path at its smallest (SMOKE): 5 engine starts")
+                        help="the whole code path at its smallest (SMOKE): 3 engine starts")
     a = parser.parse_args()
     if a.smoke:
         vars(a).update(SMOKE)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="vs_vllm_sweep-"))
-    models = work / "models"
+    models = a.models or work / "models"
     tiny.build_all(models)
     overrides = _overrides(models, work / "specflow", a)
     ctx = open_sweep(overrides, tracking=False)  # materialises the dataset both tools replay

@@ -30,15 +30,10 @@ ENGINE = frozenset({"engine_start", "runner_overhead", "search_cost", "vs_vllm_s
                     "scale_out"})
 """The benchmarks that start the real vLLM engine."""
 
-ARGS = {
-    "engine_start": ["--workdir", "{tmp}/work", "--models", "{tmp}/models"],
-    "runner_overhead": ["--workdir", "{tmp}/work", "--models", "{tmp}/models"],
-    "search_cost": ["--workdir", "{tmp}/work"],
-    "vs_vllm_sweep": ["--workdir", "{tmp}/work"],
-    "scale_out": ["--workdir", "{tmp}/work"],
-}
-"""Where a benchmark takes a directory: the test's own (the others write nothing, or only under
-TMPDIR, which is the test's too; the GPU check removes its ~4 GB of checkpoints itself)."""
+ARGS = {stem: ["--workdir", "{tmp}/work", "--models", "{models}"] for stem in ENGINE}
+"""Where a benchmark takes a directory: the test's own, and the session's tiny models (built
+once per worker; the others write nothing, or only under TMPDIR, which is the test's too; the
+GPU check removes its ~4 GB of checkpoints itself)."""
 
 COUNT = {
     "decision_quality": "trials",
@@ -62,7 +57,8 @@ def test_the_benchmark_runs_end_to_end_at_its_smoke_size(bench: Path, tmp_path: 
     """`python bench/<name>.py --smoke` in a subprocess, in the suite's hermetic environment
     with TMPDIR the test's directory: exit 0, no traceback on stderr, and the last non-empty
     stdout line a JSON object whose count figure (COUNT) is positive."""
-    args = [a.format(tmp=tmp_path) for a in ARGS.get(bench.stem, [])]
+    models = request.getfixturevalue("tiny_models") if bench.stem in ARGS else None
+    args = [a.format(tmp=tmp_path, models=models) for a in ARGS.get(bench.stem, [])]
     env = dict(os.environ, TMPDIR=str(tmp_path))
     if bench.stem in MAIN_JOB:
         env |= {"PREFECT_API_URL": request.getfixturevalue("prefect_api"),
