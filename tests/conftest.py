@@ -21,12 +21,12 @@ COSTLIEST_FIRST = (
     # docs/benchmarks.md "The test suite"). `make test` hands modules to its workers in this
     # order (`--dist loadscope --no-loadscope-reorder`), so the many short modules fill the
     # end of the run instead of one long module running alone at the end.
-    "tests/test_bench.py",
     "tests/pipelines/test_pipeline.py",
-    "tests/demo/test_seed_methods.py",
-    "tests/results/test_compare_sweeps.py",
+    "tests/test_bench.py",
     "tests/pipelines/test_scale_out.py",
     "tests/engine/test_runner.py",
+    "tests/demo/test_seed_methods.py",
+    "tests/results/test_compare_sweeps.py",
     "tests/pipelines/test_deployment.py",
 )
 
