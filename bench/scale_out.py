@@ -2,8 +2,12 @@
 
 Run: .venv/bin/python bench/scale_out.py [--workdir DIR] [--models DIR] [--prompts 8]
      [--tokens 32] [--repeats 3] [--ngram "[1,2,3]"] [--workers 1,2] [--smoke]
+     [--prefect-api URL --tracking-uri URI --pool NAME]
 (--smoke: the 2-worker phase alone on the baseline alone, 2 windows of 2 prompts x 8 tokens: one
-engine start; `--ngram "[]"`: no n-gram configs; `--workers 2`: that phase alone, no ratio)
+engine start; `--ngram "[]"`: no n-gram configs; `--workers 2`: that phase alone, no ratio;
+`--prefect-api`, `--tracking-uri`: servers already running, none started; `--pool`: a work pool
+whose workers already serve `specflow-engine-config/NAME` (`python -m pipelines.pool deploy`),
+as a cluster's GPU pool does: no deployment and no worker started, one phase of `--workers`)
 
 One `prefect server` and one `mlflow server` on loopback; a process pool per phase (`w1`, `w2`),
 its workers each owning one fake device id. On this CPU machine a worker's "device" is a core:
@@ -81,14 +85,15 @@ print(json.dumps(out))
 
 def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
            a: argparse.Namespace) -> dict[str, Any]:
-    pool, work = f"w{n}", tmp / f"w{n}"
-    deploy = subprocess.run([sys.executable, "-m", "pipelines.pool", "deploy", "--pool", pool,
-                             "--slots", str(n)], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
-    if deploy.returncode != 0:
-        raise SystemExit(deploy.stdout + deploy.stderr)
+    pool, work = a.pool or f"w{n}", tmp / f"w{n}"
+    if a.pool is None:
+        deploy = subprocess.run([sys.executable, "-m", "pipelines.pool", "deploy", "--pool",
+                                 pool, "--slots", str(n)], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300, check=False)
+        if deploy.returncode != 0:
+            raise SystemExit(deploy.stdout + deploy.stderr)
     workers = []
-    for i in range(n):
+    for i in range(0 if a.pool else n):
         bind = str(i) if n > 1 else "auto"
         with open(tmp / f"{pool}-{i}.log", "ab") as fh:
             workers.append(subprocess.Popen(
@@ -97,8 +102,9 @@ def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
                 env=dict(env, CUDA_VISIBLE_DEVICES=str(i), VLLM_CPU_OMP_THREADS_BIND=bind),
                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True))
     try:
-        time.sleep(5)  # the workers register with the pool
-        t0 = time.monotonic()
+        if workers:
+            time.sleep(5)  # the workers register with the pool
+        since, t0 = time.time(), time.monotonic()
         sweep = subprocess.run(
             [sys.executable, "-m", "specflow",
              *_overrides(models, work, uri, f"scale-out-{pool}", a),
@@ -113,8 +119,10 @@ def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
         raise SystemExit(sweep.stdout[-3000:] + sweep.stderr[-3000:])
     (sweep_dir,) = (work / "sweeps").iterdir()
     starts = {e.hash: e.t for e in Ledger(work, sweep_dir.name).engine_starts()}
-    runs = [r for r in _flow_runs(env, pool) if r["state"] == "COMPLETED"]
-    ran = [r for r in runs if r["key"] in starts and r["taken"] is not None]
+    # this phase's flow runs (a pool given by --pool may hold others)
+    runs = [r for r in _flow_runs(env, pool) if r["state"] == "COMPLETED"
+            and r["key"] in starts and r["created"] >= since - 1]
+    ran = [r for r in runs if r["taken"] is not None]
     overhead = [starts[r["key"]] - r["taken"] for r in ran]
     queued = [r["taken"] - r["created"] for r in ran]
     engine_s = sum(r["end"] - starts[r["key"]] for r in ran)
@@ -137,10 +145,18 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="the 2-worker phase at its smallest: the baseline alone, 2 windows "
                              "of 2 prompts x 8 tokens")
+    parser.add_argument("--prefect-api", default=None,
+                        help="a running Prefect API (default: start a local `prefect server`)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="a running MLflow server (default: start a local `mlflow server`)")
+    parser.add_argument("--pool", default=None,
+                        help="an existing work pool whose workers serve its deployment")
     a = parser.parse_args()
     if a.smoke:  # 2 windows: promote.min_repeats
         a.ngram, a.prompts, a.tokens, a.repeats, a.workers = "[]", 2, 8, 2, "2"
     counts = [int(n) for n in a.workers.split(",")]
+    if a.pool and len(counts) != 1:
+        parser.error("--pool runs one phase: give --workers its number of workers")
     tmp = a.workdir or Path(tempfile.mkdtemp(prefix="scale_out-"))
     tmp.mkdir(parents=True, exist_ok=True)
     models = a.models or tmp / "models"
@@ -150,18 +166,25 @@ def main() -> int:
                PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'p.db'}",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
                MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1",
-               PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_WORKER_QUERY_SECONDS="2")
+               PREFECT_API_URL=a.prefect_api or f"http://127.0.0.1:{port}/api",
+               PREFECT_WORKER_QUERY_SECONDS="2")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
-    server = live.start_server(tmp, port, server_env)
-    mlflow = live.MlflowServer(tmp, server_env)
+    server = None if a.prefect_api else live.start_server(tmp, port, server_env)
+    mlflow = None if a.tracking_uri else live.MlflowServer(tmp, server_env)
     try:
-        live.wait_http(f"http://127.0.0.1:{port}/api/health", server, tmp / "server.log", 180)
-        mlflow.start()
-        phases = [_phase(n, tmp, env, models, mlflow.uri, a) for n in counts]
+        if server is not None:
+            live.wait_http(f"http://127.0.0.1:{port}/api/health", server, tmp / "server.log",
+                           180)
+        if mlflow is not None:
+            mlflow.start()
+        uri = a.tracking_uri if mlflow is None else mlflow.uri
+        phases = [_phase(n, tmp, env, models, uri, a) for n in counts]
     finally:
-        mlflow.kill()
-        live.stop(server)
+        if mlflow is not None:
+            mlflow.kill()
+        if server is not None:
+            live.stop(server)
 
     t = Table(title=f"the same {phases[0]['configs']}-config sweep on a process work pool")
     for c in ("workers", "wall s", "configs", "engine starts", "queued s (median)",

@@ -4,7 +4,8 @@
 What a benchmark measures is not checked here (its figures at smoke size mean nothing; measured
 ones live in docs/benchmarks.md). A new `bench/*.py` is collected on its own and fails until it
 has a `--smoke` flag. tests/config/test_fuzz.py checks the fuzzer's results; the GPU check's smoke
-size is run (once) and checked by tests/demo/test_realshape.py.
+size is run (once) and checked by tests/demo/test_realshape.py, scale-out's by the scale-out
+scenario (tests/pipelines/test_scale_out.py).
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ELSEWHERE = {"gpu_check": "tests/demo/test_realshape.py"}
-"""Benchmarks whose smoke size another module runs and checks (through its shell wrapper)."""
+ELSEWHERE = {"gpu_check": "tests/demo/test_realshape.py",
+             "scale_out": "tests/pipelines/test_scale_out.py"}
+"""Benchmarks whose smoke size another module runs and checks: the GPU check through its shell
+wrapper, scale-out on the work pool and servers of the scale-out scenario (no second Prefect
+server, MLflow server and pair of workers)."""
 BENCHES = sorted(b for b in (ROOT / "bench").glob("*.py") if b.stem not in ELSEWHERE)
 MAIN_JOB = frozenset({"search_cost", "vs_vllm_sweep"})
 """The benchmarks that run the main job in their own process: pointed at this worker's Prefect
 API (tests/conftest.py), as a production install is, instead of starting Prefect's temporary
 server each."""
 
-ENGINE = frozenset({"engine_start", "runner_overhead", "search_cost", "vs_vllm_sweep",
-                    "scale_out"})
+ENGINE = frozenset({"engine_start", "runner_overhead", "search_cost", "vs_vllm_sweep"})
 """The benchmarks that start the real vLLM engine."""
 
 ARGS = {stem: ["--workdir", "{tmp}/work", "--models", "{models}"] for stem in ENGINE}
@@ -44,7 +47,6 @@ COUNT = {
     "runner_overhead": "window_wall_s_driver",
     "search_cost": "grid_starts",
     "vs_vllm_sweep": "pairs",
-    "scale_out": "configs",
 }
 """A figure of each benchmark's JSON line that is positive whenever it measured anything."""
 

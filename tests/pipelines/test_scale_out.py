@@ -68,7 +68,8 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
     FINISHED child run per window of the plan, each metric logged once, no RUNNING run; the
     windows finished before the kill were not measured again; no engine survives; the
     decision equals the one the single-process path's decision step computes from the same
-    ledger, which misses no window."""
+    ledger, which misses no window. Then `bench/scale_out.py --smoke` runs on the same pool,
+    workers and servers: exit 0, its one config measured."""
     models, work = tiny_models, tmp_path / "work"
     port = live.port()
     api = f"http://127.0.0.1:{port}/api"
@@ -210,6 +211,18 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         assert image in shown and "pipelines/dispatch.py:engine_config_flow" in shown
         pool = live.prefect(client_env, "work-pool", "inspect", "gpu-k8s")
         assert "nvidia.com/gpu" in pool and "gpu_count" in pool
+
+        # bench/scale_out.py's smoke size, on this pool, its two workers and these servers
+        # (tests/test_bench.py runs the other benchmarks'): it composes, dispatches and reports
+        bench = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "scale_out.py"), "--smoke", "--workdir",
+             str(tmp_path / "bench"), "--models", str(models), "--prefect-api", api,
+             "--tracking-uri", mlflow_server.uri, "--pool", POOL], cwd=ROOT, env=client_env,
+            capture_output=True, text=True, timeout=600, check=False)
+        tail = bench.stdout[-3000:] + bench.stderr[-3000:]
+        assert bench.returncode == 0 and "Traceback" not in bench.stderr, tail
+        figures = json.loads(bench.stdout.strip().splitlines()[-1])
+        assert figures["configs"] == 1 and figures["wall_s_2"] > 0, tail
     finally:
         for p in reversed(procs):
             if p is not None and p.poll() is None:
