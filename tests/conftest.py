@@ -31,10 +31,42 @@ COSTLIEST_FIRST = (
 )
 
 
+LIGHT = (
+    # Modules whose tests compute in this process only: no server, no subprocess, no clock (no
+    # timeout, sleep or lease), so that they pass however little CPU they get. `make test`
+    # runs them (`--part light`) at the lowest priority beside the other tests (`--part
+    # heavy`), on the CPU those leave idle while they wait (servers starting, polls, outages),
+    # instead of on the two workers' cores. A test marked `engine` is heavy wherever it is.
+    "tests/config/test_conf.py", "tests/config/test_fuzz.py",
+    "tests/decision/", "tests/search/test_predict.py", "tests/search/test_racing.py",
+    "tests/spec/test_hfcache.py", "tests/workloads/test_generators.py",
+    "tests/workloads/test_materialize.py", "tests/workloads/test_render.py",
+    "tests/workloads/test_sources.py", "tests/results/test_console.py",
+    "tests/results/test_ledger.py", "tests/results/test_report.py", "tests/records/",
+    "tests/steps/", "tests/engine/test_device.py", "tests/engine/test_server.py",
+    "tests/pipelines/test_k8s_template.py",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--part", choices=("all", "light", "heavy"), default="all",
+                     help="light: the LIGHT modules' tests (not marked engine); heavy: the "
+                          "others; all (the default): every test")
+
+
+def _light(item: pytest.Item) -> bool:
+    return item.nodeid.startswith(LIGHT) and "engine" not in item.keywords
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The costliest modules first (see COSTLIEST_FIRST; a stable sort: each module's tests
-    and the other modules keep their order). Tests marked `engine` need the real vLLM; without
-    it they are skipped, saying why."""
+    """`--part`: the light or the heavy tests only (see LIGHT). The costliest modules first
+    (see COSTLIEST_FIRST; a stable sort: each module's tests and the other modules keep their
+    order). Tests marked `engine` need the real vLLM; without it they are skipped, saying why."""
+    part = config.getoption("--part")
+    if part != "all":
+        want = part == "light"
+        config.hook.pytest_deselected(items=[item for item in items if _light(item) != want])
+        items[:] = [item for item in items if _light(item) == want]
     rank = {module: i for i, module in enumerate(COSTLIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     if importlib.util.find_spec("vllm") is not None:
@@ -46,7 +78,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _hermetic(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+              ) -> Iterator[None]:
     cache = tmp_path_factory.mktemp("cache")
     # vLLM's API server and engine core talk over IPC sockets under VLLM_RPC_BASE_PATH (by
     # default the temp dir), and a socket path must fit in 107 bytes: the pipeline tests make
@@ -74,7 +107,7 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     # run at once: each decodes its tiny model on one OpenMP thread bound to its worker's core.
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     cpus = sorted(os.sched_getaffinity(0))
-    if worker.startswith("gw") and len(cpus) > 1:
+    if worker.startswith("gw") and len(cpus) > 1 and pytestconfig.getoption("--part") != "light":
         cpu = cpus[int(worker[2:]) % len(cpus)]
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpu))
