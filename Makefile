@@ -69,7 +69,7 @@ browser:
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; } \
 	} || echo "no chromium (install the distribution's package): the MLflow UI check is skipped"
 
-# The checks, then the light tests alone (seconds: tests/conftest.py, LIGHT).
+# The checks, then the light tests alone (about a minute: tests/conftest.py, LIGHT).
 test-light: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --part light -p no:cacheprovider $(if $(BASETEMP),--basetemp "$(BASETEMP)")
 

@@ -33,10 +33,11 @@ COSTLIEST_FIRST = (
 
 LIGHT = (
     # Modules whose tests compute in this process only: no server, no subprocess, no clock (no
-    # timeout, sleep or lease), so that they pass however little CPU they get. `make test`
-    # runs them (`--part light`) at the lowest priority beside the other tests (`--part
-    # heavy`), on the CPU those leave idle while they wait (servers starting, polls, outages),
-    # instead of on the two workers' cores. A test marked `engine` is heavy wherever it is.
+    # timeout, sleep or lease), so that they pass however little CPU they get (checked by
+    # tests/test_suite_parts.py). `make test` runs them (`--part light`) at the lowest priority
+    # beside the other tests (`--part heavy`), on the CPU those leave idle while they wait
+    # (servers starting, polls, outages), instead of on the two workers' cores. A test marked
+    # `engine` is heavy wherever it is.
     "tests/config/test_conf.py", "tests/config/test_fuzz.py",
     "tests/decision/", "tests/search/test_predict.py", "tests/search/test_racing.py",
     "tests/spec/test_hfcache.py", "tests/workloads/test_generators.py",
@@ -105,6 +106,8 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Con
     os.environ.pop("SPECFLOW_CONF", None)
     # `make test` runs the suite on pytest-xdist workers, one per core, so two engines may
     # run at once: each decodes its tiny model on one OpenMP thread bound to its worker's core.
+    # The light part's workers (`--part light`) stay unpinned: they run on whichever core the
+    # heavy part leaves idle.
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     cpus = sorted(os.sched_getaffinity(0))
     if worker.startswith("gw") and len(cpus) > 1 and pytestconfig.getoption("--part") != "light":
