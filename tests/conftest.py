@@ -65,9 +65,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     order). Tests marked `engine` need the real vLLM; without it they are skipped, saying why."""
     part = config.getoption("--part")
     if part != "all":
+        light = {item.nodeid: _light(item) for item in items}
         want = part == "light"
-        config.hook.pytest_deselected(items=[item for item in items if _light(item) != want])
-        items[:] = [item for item in items if _light(item) == want]
+        config.hook.pytest_deselected(items=[i for i in items if light[i.nodeid] != want])
+        items[:] = [item for item in items if light[item.nodeid] == want]
     rank = {module: i for i, module in enumerate(COSTLIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     if importlib.util.find_spec("vllm") is not None:
