@@ -6,8 +6,10 @@ Without one, lengths are estimated from characters (`CHARS_PER_TOKEN`).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from specflow.spec.errors import Problem, SpecError
 
@@ -22,22 +24,54 @@ REPETITION_N = 3
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name: str) -> Tokenizer:
-    """Load a tokenizer from a local directory or the local HF cache (never downloads)."""
+    """Load a tokenizer from a local directory or the local HF cache (never downloads).
+
+    The class AutoTokenizer would pick is loaded directly when the directory's
+    `tokenizer_config.json` names it (`named_class`): AutoTokenizer's own import pulls in
+    torch (~5 s per process), which counting and rendering prompts never uses."""
     try:
-        from transformers import AutoTokenizer
+        import transformers
     except ImportError:
         raise SpecError([Problem(
             "target.tokenizer", "transformers is not installed, so the tokenizer cannot be "
             "loaded", name, "transformers in this environment (pip install 'transformers>=4.50')"
         )]) from None
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+        cls = named_class(name)
+        if cls is not None:
+            return cls.from_pretrained(name, local_files_only=True)  # type: ignore[no-any-return]
+        return transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecError([Problem(
             "target.tokenizer", f"cannot load the tokenizer offline ({first[:160]})", name,
             "a local tokenizer directory or one in the local Hugging Face cache",
         )]) from None
+
+
+def named_class(name: str) -> Any | None:
+    """The tokenizer class a local directory's `tokenizer_config.json` names, as transformers
+    exports it (its fast variant when there is one, as AutoTokenizer prefers); None when the
+    name is not a local directory, names no class, asks for remote code (`auto_map`) or names
+    a class transformers does not export: AutoTokenizer decides then."""
+    path = Path(name) / "tokenizer_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    wanted = config.get("tokenizer_class") if isinstance(config, dict) else None
+    if not isinstance(wanted, str) or not wanted.isidentifier() or "auto_map" in config:
+        return None
+    import transformers
+
+    for candidate in ((wanted,) if wanted.endswith("Fast") else (f"{wanted}Fast", wanted)):
+        try:
+            cls = getattr(transformers, candidate)
+        except (AttributeError, ImportError, RuntimeError):
+            continue
+        if isinstance(cls, type):
+            return cls
+    return None
 
 
 def token_ids(tok: Tokenizer, text: str) -> list[int]:

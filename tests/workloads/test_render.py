@@ -52,3 +52,34 @@ def test_unloadable_tokenizer_is_a_spec_error(tmp_path: Path) -> None:
         materialize("chat", spec_of("chat"), tmp_path, str(tmp_path / "no-such-tokenizer"))
     assert info.value.problems[0].path == "target.tokenizer"
 
+
+
+def test_the_tokenizer_is_the_class_autotokenizer_picks(tokenizer: str, tmp_path: Path) -> None:
+    """`load_tokenizer` loads the class a directory's tokenizer_config.json names (AutoTokenizer
+    imports torch to decide it): the same class as AutoTokenizer's, the same ids and the same
+    rendered chat; a directory whose config names no class, or asks for remote code, goes
+    through AutoTokenizer."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from specflow.workloads import tokens
+
+    named = tmp_path / "named"
+    shutil.copytree(tokenizer, named)
+    config = json.loads((named / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    text = "def f(x):\n    return x + 1  # ünïcode, tabs\tand  spaces"
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    mine = tokens.load_tokenizer(str(named))
+    auto = AutoTokenizer.from_pretrained(str(named), local_files_only=True)
+    assert tokens.named_class(str(named)) is type(mine) is type(auto)
+    assert tokens.token_ids(mine, text) == tokens.token_ids(auto, text)
+    assert mine.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    for change in ({"tokenizer_class": None}, {"auto_map": {"AutoTokenizer": ["x.Y", None]}},
+                   {"tokenizer_class": "NoSuchTokenizer"}):
+        (named / "tokenizer_config.json").write_text(json.dumps(config | change))
+        assert tokens.named_class(str(named)) is None, change
+    assert tokens.named_class(str(tmp_path / "absent")) is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,25 @@ def test_ngram_acceptance_differs_between_traffic_classes(tmp_path: Path, tiny_m
     # the same engine, the same N: what is generated decides how much prompt lookup pays
     assert chat.acceptance_rate != structured.acceptance_rate
     assert chat.draft_tokens != structured.draft_tokens
+
+
+NO_TORCH = """
+import sys
+from pathlib import Path
+from specflow import workloads
+from specflow.config.compose import load_plan
+loaded, _ = load_plan(["experiment=cpu_tiny", "paths.models=" + sys.argv[1]])
+data = workloads.materialize_all(loaded.spec.workload, Path(sys.argv[2]),
+                                 tokenizer=sys.argv[1] + "/target")
+print(sorted(data), all(m.mean_prompt_tokens for m in data.values()), "torch" in sys.modules)
+"""
+
+
+def test_materialising_with_the_targets_tokenizer_imports_no_torch(tmp_path: Path,
+                                                                   tiny_models: Path) -> None:
+    """A main job's preparation (compose, then every workload rendered and counted with the
+    target's tokenizer) never imports torch: AutoTokenizer's import would (~5 s a process)."""
+    out = subprocess.run([sys.executable, "-c", NO_TORCH, str(tiny_models), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["['chat',", "'code_completion']", "True", "False"]
