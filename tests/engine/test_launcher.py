@@ -83,9 +83,10 @@ BIND_SCRIPT = """
 import os, torch
 from specflow.engine import launcher
 cpu = max(os.sched_getaffinity(0))
-print(torch.get_num_threads() >= 1, launcher.bind_like_spawned(
-    {"OMP_PLACES": "{%d}" % cpu, "OMP_PROC_BIND": "true", "OMP_NUM_THREADS": "1"}) == ({cpu}, 1),
-    os.sched_getaffinity(0) == {cpu}, torch.get_num_threads())
+want = torch.get_num_threads() + 1  # not what the runtime chose by itself
+print(launcher.bind_like_spawned({"OMP_PLACES": "{%d}" % cpu, "OMP_PROC_BIND": "true",
+                                  "OMP_NUM_THREADS": str(want)}) == ({cpu}, want),
+      os.sched_getaffinity(0) == {cpu}, torch.get_num_threads() == want)
 """
 
 
@@ -107,7 +108,7 @@ def test_the_engine_core_and_its_model_worker_are_forked_without_the_api_port() 
     bound = subprocess.run([sys.executable, "-c", BIND_SCRIPT], capture_output=True, text=True,
                            check=False, timeout=300)
     assert bound.returncode == 0, bound.stderr[-3000:]
-    assert bound.stdout.split() == ["True", "True", "True", "1"]
+    assert bound.stdout.split() == ["True", "True", "True"]
     env = {"GOMP_CPU_AFFINITY": "0 2-4", "OMP_NUM_THREADS": "x"}
     assert vllm_launcher._cpus(env) == {0, 2, 3, 4}
     assert vllm_launcher._cpus({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[3,7]"}) \

@@ -53,12 +53,12 @@ def test_unloadable_tokenizer_is_a_spec_error(tmp_path: Path) -> None:
     assert info.value.problems[0].path == "target.tokenizer"
 
 
-
 def test_the_tokenizer_is_the_class_autotokenizer_picks(tokenizer: str, tmp_path: Path) -> None:
     """`load_tokenizer` loads the class a directory's tokenizer_config.json names (AutoTokenizer
     imports torch to decide it): the same class as AutoTokenizer's, the same ids and the same
-    rendered chat; a directory whose config names no class, or asks for remote code, goes
-    through AutoTokenizer."""
+    rendered chat; for a config that names no class, asks for remote code or names a class
+    transformers does not export, and for a name that is no local directory, `named_class`
+    answers None and AutoTokenizer decides."""
     import json
     import shutil
 
