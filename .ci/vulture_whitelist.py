@@ -4,20 +4,24 @@ Everything else vulture reports is dead code and is removed, not listed here.
 """
 # ruff: noqa: B018, F821
 
-# Record fields read through dataclasses.asdict / pydantic model_dump: they are the JSON that
-# `headroom --json`, champion.json, ledger points and MLflow artifacts carry.
-_.memory_per_device_bytes  # core/memory.py Headroom
+# Record fields read only through pydantic's serialisation (specflow.spec.serialize.as_json,
+# model_dump): they are the JSON that `headroom --json` (spec/memory.py Headroom, every field the
+# text shows and more), champion.json, ledger points and MLflow artifacts carry.
+_.memory_per_device_bytes
 _.target_weight_bytes
 _.draft_weight_bytes
 _.reserve_bytes
 _.kv_bytes_per_token_target
 _.kv_bytes_per_token_draft
-_.acceptance_drops  # core/promote.py GateResult
+_.concurrency_at_context_without_drafter
+_.context_len
+_.kv_tokens
+_.acceptance_drops  # champions/promote.py GateResult
 _.forced
 _.decision_table  # champions/promote.py Evidence, VersionedRecord
 _.created_at
 _.wall_s  # engine/loadgen.py JobResult
-_.mtp_aliases  # engine/probe.py VllmFacts
+_.mtp_aliases  # engine/vllm_check.py VllmFacts
 _.mean_prompt_tokens  # workloads/model.py MaterializedWorkload
 _.max_prompt_tokens
 
@@ -36,6 +40,7 @@ _._kv_shared_has_no_layers
 _._needs_hub_only_for_hf
 _._has_layers
 _._confirm_starts_within_their_most
+_._read_older  # champions/promote.py: reads a schema 1 champion file
 
 # Attributes set on tokenizers and Hugging Face configs that their libraries read (demo/tiny.py).
 _.pre_tokenizer

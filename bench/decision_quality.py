@@ -83,8 +83,8 @@ promotion, every band right (code: n-gram; classify: off) and bands concluded.
 `demo_starts_within` (CV 3%) and `demo_starts_within_cv10`: the share of sweeps within that bound
 (a look sized to two starts of the winner, for 90% power where one start each left the start
 variance's estimate large, goes past it).
-For speed the race's round replay is memoised within a sweep (`rounds._after_round` and
-`rounds._next_round` are pure functions of the records, which only grow; the critical values
+For speed the race's round replay is memoised within a sweep (`rounds.after_round` and
+`rounds.next_round` are pure functions of the records, which only grow; the critical values
 are cached in `specflow.stats`); `--no-memo` turns the replay memo off: identical decisions,
 slower. The last line is one JSON object.
 """
@@ -258,14 +258,14 @@ def _rng(seed: int, scn: Scenario, design: str, trial: int, k: int = 0) -> np.ra
 # The race's replay, memoised within one sweep
 
 _MEMO: dict[tuple[Any, ...], Any] = {}
-_ORIGINAL_AFTER_ROUND = rounds._after_round
+_ORIGINAL_AFTER_ROUND = rounds.after_round
 _AFTER_ROUND_SIGNATURE = inspect.signature(_ORIGINAL_AFTER_ROUND)
-_ORIGINAL_NEXT_ROUND = rounds._next_round
+_ORIGINAL_NEXT_ROUND = rounds.next_round
 _NEXT_ROUND_SIGNATURE = inspect.signature(_ORIGINAL_NEXT_ROUND)
 
 
 def _memo_after_round(*args: Any, **kwargs: Any) -> Any:
-    """`rounds._after_round`, computed once per round of a sweep: a replay re-analyses every
+    """`rounds.after_round`, computed once per round of a sweep: a replay re-analyses every
     finished round on the same records (`data` = the windows of rounds <= index)."""
     bound = _AFTER_ROUND_SIGNATURE.bind(*args, **kwargs).arguments
     key = ("after", bound["index"], bound["stage"], len(bound["data"]))
@@ -275,7 +275,7 @@ def _memo_after_round(*args: Any, **kwargs: Any) -> Any:
 
 
 def _memo_next_round(*args: Any, **kwargs: Any) -> Any:
-    """`rounds._next_round`, planned once per round of a sweep (its states are those of the
+    """`rounds.next_round`, planned once per round of a sweep (its states are those of the
     same records)."""
     bound = _NEXT_ROUND_SIGNATURE.bind(*args, **kwargs).arguments
     key = ("next", bound["index"], len(bound["data"]), bound.get("new_only", False))
@@ -289,8 +289,8 @@ def _init_worker(memo: bool) -> None:
     """Memoise the race's replay (pure functions of their arguments), or undo it."""
     replay = memo and {"index", "stage", "data"} <= set(_AFTER_ROUND_SIGNATURE.parameters)
     plans = memo and {"index", "data"} <= set(_NEXT_ROUND_SIGNATURE.parameters)
-    rounds._after_round = _memo_after_round if replay else _ORIGINAL_AFTER_ROUND
-    rounds._next_round = _memo_next_round if plans else _ORIGINAL_NEXT_ROUND
+    rounds.after_round = _memo_after_round if replay else _ORIGINAL_AFTER_ROUND
+    rounds.next_round = _memo_next_round if plans else _ORIGINAL_NEXT_ROUND
 
 
 # --------------------------------------------------------------------------------------------

@@ -256,8 +256,8 @@ def check(args: argparse.Namespace, root: Path) -> int:
     probe = [] if gpu else ["--no-vllm-check"]
     headroom = json.loads(_specflow("headroom", EXPERIMENT, *overrides, "--json",
                                     *probe).stdout)
-    _table("3. headroom", headroom, ["engine", "verdict", "kv_tokens", "drafter_cost_percent",
-                                     "max_concurrency_at_context"])
+    _table("3. headroom", headroom, ["engine", "fit", "kv_tokens", "drafter_cost_percent",
+                                     "concurrency_at_context"])
 
     kv_rows: list[dict[str, Any]] = []
     curve: list[dict[str, Any]] = []
@@ -289,7 +289,7 @@ def check(args: argparse.Namespace, root: Path) -> int:
         "params_error": {b["kind"]: round(b["params_error"], 4) for b in built},
         "engine_configs": len(plan["engine_configs"]), "rates_sliced": sliced,
         "refused_on_cpu": refused_on_cpu,
-        "headroom_fits": sum(h["verdict"] == "fits" for h in headroom),
+        "headroom_fits": sum(h["fit"] == "fits" for h in headroom),
         "baseline_kv_tokens_estimate": headroom[0]["kv_tokens"],
         "sweep_exit": sweep_rc,
         "kv_ratio_median": statistics.median(ratios) if ratios else None,

@@ -57,7 +57,7 @@ def main() -> int:
                 base = headroom(loaded.spec, plan.engine_configs[0])
                 ec = plan.engine_configs[1]
                 h = headroom(loaded.spec, ec)
-                rows.append((hw, target, drafter, h.verdict, str(ec.num_speculative_tokens),
+                rows.append((hw, target, drafter, h.fit, str(ec.num_speculative_tokens),
                              f"{h.capacity_without_drafter.tokens:,}", f"{h.capacity.tokens:,}",
                              f"{h.drafter_cost_tokens:,}", f"{h.drafter_cost_percent:.1f}%",
                              "; ".join(h.reasons or base.reasons)))

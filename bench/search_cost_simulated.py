@@ -86,7 +86,7 @@ from specflow.decision.model import Analysis, AnalysisError  # noqa: E402
 from specflow.records.measurement import Measurement  # noqa: E402
 from specflow.search import predict, rounds, simulate  # noqa: E402
 from specflow.search.budget import PlannedStart, round_cost  # noqa: E402
-from specflow.search.plan import _band_keys, final_rules, spent_by, split_baseline  # noqa: E402
+from specflow.search.plan import band_keys, final_rules, spent_by, split_baseline  # noqa: E402
 from specflow.spec.schema import PromoteSpec  # noqa: E402
 
 console = Console(width=120)
@@ -337,7 +337,7 @@ def agreement_ceiling(grid: Sequence[Trial], truth: Mapping[str, Mapping[str, fl
 
 
 def engine_seconds_floor(plan: str, confirm_starts: int, bracketed: bool = False) -> float:
-    """The adaptive search at its best: its own probe round (`rounds._first_round`: each
+    """The adaptive search at its best: its own probe round (`rounds.first_round`: each
     drafter's probe at every point, the chain checks, the baseline starts among them) and then
     at once one confirmation look (`rounds.confirm_plan`) of each band's true winner,
     `confirm_starts` fresh starts at its bands' points, with the look's baseline starts at every
@@ -348,11 +348,11 @@ def engine_seconds_floor(plan: str, confirm_starts: int, bracketed: bool = False
     shape = scn.shape
     if bracketed:
         shape = replace(shape, baseline_every=len(shape.candidates))
-    held = rounds._held_back(shape, frozenset())
-    probes = rounds._first_round(shape, [h for h in shape.candidates if h not in held], held)
+    held = rounds.held_back(shape, frozenset())
+    probes = rounds.first_round(shape, [h for h in shape.candidates if h not in held], held)
     truth = band_speedups(plan)
     per: dict[str, set[tuple[str, int]]] = defaultdict(set)
-    for (cls, label), points in _band_keys(shape, PROMOTE).items():
+    for (cls, label), points in band_keys(shape, PROMOTE).items():
         v = truth[f"{cls} {label}"]
         best = max(v, key=lambda h: v[h])
         if v[best] > 1 + PROMOTE.margin:

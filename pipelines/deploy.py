@@ -23,7 +23,6 @@ import argparse
 import multiprocessing
 import signal
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -60,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                          tags=["specflow"], description="Re-validate the promoted speculative "
                          "decoding configs on a schedule")
 
-    problem = _api_problem()
+    problem = api_problem()
     if problem is not None:
-        print(f"Prefect API at {_api_url()} unreachable: {problem}", file=sys.stderr)
+        print(f"Prefect API at {api_url()} unreachable: {problem}", file=sys.stderr)
         return 1
     return serve_through_outages(serve, max(args.reconnect_max, FIRST_RECONNECT_S))
 
@@ -82,15 +81,7 @@ def serve_through_outages(serve: Callable[[], None], reconnect_max: float) -> in
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # the dead runner's handler
         try:
             _wait_for_runs_in_flight(reason)
-            delay = FIRST_RECONNECT_S
-            while True:
-                print(f"Prefect API at {_api_url()} unreachable ({reason}); serving again in "
-                      f"{delay:g} s", file=sys.stderr, flush=True)
-                time.sleep(delay)
-                problem = _api_problem()
-                if problem is None:
-                    break
-                reason, delay = problem, min(delay * 2, reconnect_max)
+            _until_api_answers(reconnect_max)
         except (KeyboardInterrupt, SystemExit):
             _stop_runs_in_flight()
             return 0
@@ -98,12 +89,28 @@ def serve_through_outages(serve: Callable[[], None], reconnect_max: float) -> in
             signal.signal(signal.SIGTERM, previous)
 
 
+def _until_api_answers(reconnect_max: float) -> None:
+    """Check the API until it answers, waiting FIRST_RECONNECT_S after the first failed check
+    and twice as long after each next one, up to `reconnect_max`."""
+    from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
+
+    def say(state: RetryCallState) -> None:
+        why = state.outcome.result() if state.outcome else "?"
+        wait = state.next_action.sleep if state.next_action else 0.0
+        print(f"Prefect API at {api_url()} unreachable ({why}); serving again in {wait:g} s",
+              file=sys.stderr, flush=True)
+
+    Retrying(retry=retry_if_result(lambda problem: problem is not None),
+             wait=wait_exponential(multiplier=FIRST_RECONNECT_S, max=reconnect_max),
+             before_sleep=say)(api_problem)
+
+
 def _wait_for_runs_in_flight(reason: str) -> None:
     """Wait for the flow runs the stopped runner left running (its subprocesses): a run goes
     on measuring without the API, and serving again meanwhile could start a second sweep."""
     runs = multiprocessing.active_children()
     if runs:
-        print(f"Prefect API at {_api_url()} unreachable ({reason}); waiting for "
+        print(f"Prefect API at {api_url()} unreachable ({reason}); waiting for "
               f"{len(runs)} flow run(s) in flight (pid {', '.join(str(p.pid) for p in runs)}) "
               "to end before serving again", file=sys.stderr, flush=True)
     for run in runs:
@@ -149,13 +156,13 @@ def _outage_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _api_url() -> str:
+def api_url() -> str:
     from prefect.settings import PREFECT_API_URL
 
     return PREFECT_API_URL.value() or "(ephemeral)"
 
 
-def _api_problem() -> str | None:
+def api_problem() -> str | None:
     """None when the Prefect API answers its health check, else what went wrong."""
     from prefect.client.orchestration import get_client
 

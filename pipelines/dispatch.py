@@ -35,6 +35,14 @@ from prefect.exceptions import PrefectHTTPStatusError
 from prefect.runtime import flow_run as this_run
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Cancelled, Crashed
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_fixed,
+)
 
 from specflow import steps
 from specflow.engine.device import owned
@@ -260,19 +268,20 @@ def _gave_up(error: BaseException | None, d: Any) -> str:
 
 def _patiently(call: Callable[[], T], what: str, d: Any) -> T:
     """`call()`, again every dispatch.poll_s while the API fails with a hiccup (idempotent
-    calls only), for up to dispatch.server_grace_s."""
-    start = time.monotonic()
-    while True:
-        try:
-            return call()
-        except Exception as exc:  # noqa: BLE001 - only a server's hiccup is waited out
-            if not _transient(exc):
-                raise
-            if time.monotonic() - start > d.server_grace_s:
-                raise RuntimeError(f"{what}: {_gave_up(exc, d)}") from exc
-            get_run_logger().warning("%s: the Prefect API failed (%s); trying again in %g s",
-                                     what, _short(exc), d.poll_s)
-            time.sleep(d.poll_s)
+    calls only), for up to dispatch.server_grace_s; any other error is raised at once."""
+
+    def say(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        get_run_logger().warning("%s: the Prefect API failed (%s); trying again in %g s",
+                                 what, _short(error) if error else "?", d.poll_s)
+
+    retrying = Retrying(retry=retry_if_exception(_transient), wait=wait_fixed(d.poll_s),
+                        stop=stop_after_delay(d.server_grace_s), before_sleep=say)
+    try:
+        return retrying(call)
+    except RetryError as exc:
+        last = exc.last_attempt.exception()
+        raise RuntimeError(f"{what}: {_gave_up(last, d)}") from last
 
 
 def _report_new(ctx: Any, seen: dict[str, Any], on_window: steps.OnWindow) -> dict[str, Any]:

@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="an image with specflow installed, for a Kubernetes pool created with "
                         "pipelines/k8s/base-job-template.json (then the pool must exist)")
     args = parser.parse_args(argv)
-    from pipelines.deploy import _api_problem, _api_url
+    from pipelines.deploy import api_problem, api_url
 
-    problem = _api_problem()
+    problem = api_problem()
     if problem is not None:
-        print(f"Prefect API at {_api_url()} unreachable: {problem}", file=sys.stderr)
+        print(f"Prefect API at {api_url()} unreachable: {problem}", file=sys.stderr)
         return 1
     if args.image is None:
         print(ensure_pool(args.pool, args.slots))

@@ -21,6 +21,7 @@ from pipelines import dispatch
 from specflow import steps
 from specflow.engine.forkserver import fork_servers
 from specflow.engine.loadgen import shared_drivers
+from specflow.engine.server import EngineStartError
 from specflow.records.measurement import Measurement
 from specflow.results import console
 
@@ -31,7 +32,7 @@ def prepare(overrides: list[str]) -> dict[str, Any]:
     return {"plan_hash": ctx.plan.hash, "sweep_id": ctx.sid, "synced": ctx.synced,
             "design": ctx.spec.sweep.design, "dispatch": ctx.spec.dispatch.deployment,
             "engines": [(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
-            "headroom": {h: r.verdict for h, r in ctx.headroom.items()},
+            "headroom": {h: r.fit for h, r in ctx.headroom.items()},
             "tracking_error": ctx.tracking_error, "notes": ctx.notes,
             "soak": ctx.spec.sweep.soak is not None}
 
@@ -40,7 +41,7 @@ def _retry_start(task: Any, task_run: Any, state: Any) -> bool:
     """Retry an engine task only when its engine failed to start (a retry can help there)."""
     try:
         state.result()
-    except steps.EngineStartFailed:
+    except EngineStartError:
         return True
     except Exception:  # noqa: BLE001 - any other failure: a retry cannot help
         return False
@@ -144,7 +145,7 @@ def soak(overrides: list[str], on_window: steps.OnWindow | None = None) -> dict[
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
     return {"engine": result.engine, "windows": result.windows, "lines": result.lines(),
-            "report": str(result.report), "verdicts": result.verdicts}
+            "report": str(result.report), "findings": result.findings}
 
 
 def _with_soak(result: dict[str, Any], overrides: list[str],

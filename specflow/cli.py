@@ -7,23 +7,26 @@ Invalid configuration exits 2 with one line per problem and no traceback.
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
 
 from specflow.spec.errors import EXIT_INVALID, Problem, SpecError, did_you_mean, one_of, report
+from specflow.spec.serialize import as_json
 
 if TYPE_CHECKING:
     from specflow.config.compose import Loaded
     from specflow.spec.compile import SweepPlan
 
 Flags = dict[str, Any]
-"""Parsed options: help, cfg, no_vllm_check, json, markdown, args (the positional arguments of
-restore and compare)."""
+"""Parsed options: help, cfg, no_vllm_check, json, markdown, out, multirun, args (the
+positional arguments of restore, compare and profile)."""
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -31,11 +34,7 @@ EXIT_REGRESSED = 3
 """The main job's exit code when the current champion regressed beyond noise against the last
 sweep of the same plan (as `compare`'s for a regression)."""
 
-USAGE = """usage: python -m specflow [COMMAND] [OVERRIDE ...] [--cfg job|all] [--no-vllm-check]
-                          [--json]
-                          [-m|--multirun]
-
-commands:
+DESCRIPTION = """commands:
   run            the main job (default): headroom, sweep, log, decide, promote
   compile        print the compiled sweep plan as JSON (speculative configs, serve argv)
   headroom       memory headroom of every engine config on the hardware
@@ -56,61 +55,68 @@ key=value (sweep.repeats=5), +key=value to add, ~key to delete.
 (python -m specflow -m target=qwen3_8b,llama3_1_8b hardware=h200: two sweeps).
 """
 
+WITH_ARGS = ("restore", "compare", "profile")
+"""Commands that take positional arguments besides the overrides."""
+
+CFG_VIEWS = ("job", "all")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a problem as the rest of the CLI does (exit 2, no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        option = re.match(r"argument (?:\S+/)?(\S+): (.*)", message)
+        if option:
+            raise SpecError([Problem(option[1], option[2], None, "see --help")])
+        raise SpecError([Problem("argv", message, None, "see --help")])
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: `[COMMAND] [ARG ...] [OVERRIDE ...]` and options, in any order."""
+    p = _Parser(prog="python -m specflow", description=DESCRIPTION, add_help=False,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                usage="%(prog)s [COMMAND] [ARG ...] [OVERRIDE ...] [options]")
+    p.add_argument("words", nargs="*", metavar="COMMAND ARG OVERRIDE",
+                   help="the command (default run), its arguments, then Hydra overrides")
+    p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    p.add_argument("-c", "--cfg", metavar="job|all",
+                   help="print the composed config (job: resolved, without hydra) and exit")
+    p.add_argument("--no-vllm-check", action="store_true",
+                   help="do not check the plan against the installed vLLM")
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+    p.add_argument("-o", "--markdown", metavar="FILE", help="compare: also write markdown")
+    p.add_argument("--out", metavar="DIR", help="profile: write one file per profile")
+    p.add_argument("-m", "--multirun", action="store_true",
+                   help="sweep a,b,c / range() values: one command per combination")
+    return p
+
 
 def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
+    """(command, overrides, flags) of a command line; SpecError lists every problem."""
+    ns, unknown = parser().parse_known_intermixed_args(list(argv))
+    problems = [Problem("argv", "unknown option", a, one_of(
+        ["--cfg", "--no-vllm-check", "--json", "--markdown", "--out", "--multirun", "--help"]))
+        for a in unknown]
+    words: list[str] = ns.words
+    bare = [w for w in words if "=" not in w and not w.startswith(("~", "+"))]
     command = "run"
-    overrides: list[str] = []
-    flags: Flags = {}
-    named = False
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a in ("-h", "--help"):
-            flags["help"] = True
-        elif a in ("--cfg", "-c"):
-            if i + 1 >= len(args):
-                raise SpecError([Problem("--cfg", "needs a value", None, one_of(["job", "all"]))])
-            flags["cfg"] = args[i + 1]
-            i += 1
-        elif a.startswith("--cfg="):
-            flags["cfg"] = a.split("=", 1)[1]
-        elif a == "--no-vllm-check":
-            flags["no_vllm_check"] = True
-        elif a == "--json":
-            flags["json"] = True
-        elif a in ("--markdown", "-o") or a.startswith("--markdown="):
-            if "=" not in a and i + 1 >= len(args):
-                raise SpecError([Problem(a, "needs a value", None, "a file to write")])
-            flags["markdown"] = a.split("=", 1)[1] if "=" in a else args[i + 1]
-            i += 0 if "=" in a else 1
-        elif a == "--out" or a.startswith("--out="):
-            if "=" not in a and i + 1 >= len(args):
-                raise SpecError([Problem(a, "needs a value", None, "a directory to write to")])
-            flags["out"] = a.split("=", 1)[1] if "=" in a else args[i + 1]
-            i += 0 if "=" in a else 1
-        elif a in ("-m", "--multirun"):
-            flags["multirun"] = True
-        elif a.startswith("-") and not a.startswith(("~",)):
-            raise SpecError([Problem("argv", "unknown option", a, one_of(
-                ["--cfg", "--no-vllm-check", "--json", "--markdown", "--out", "--multirun",
-                 "--help"]))])
-        elif "=" not in a and not a.startswith(("~", "+")) and not overrides and not named:
-            command, named = a, True  # the first word, options aside
-        elif "=" not in a and not a.startswith(("~", "+")) and command in ("restore",
-                                                                             "compare",
-                                                                             "profile"):
-            flags.setdefault("args", [])
-            flags["args"].append(a)
-        else:
-            overrides.append(a)
-        i += 1
+    if bare and words[0] == bare[0]:  # the first word, options aside
+        command = words.pop(0)
+    flags: Flags = {k: v for k, v in (("help", ns.help), ("cfg", ns.cfg),
+                                      ("no_vllm_check", ns.no_vllm_check), ("json", ns.json),
+                                      ("markdown", ns.markdown), ("out", ns.out),
+                                      ("multirun", ns.multirun)) if v not in (None, False)}
+    overrides = words
+    if command in WITH_ARGS:
+        flags["args"] = [w for w in words if "=" not in w and not w.startswith(("~", "+"))]
+        overrides = [w for w in words if w not in flags["args"]]
     if command not in COMMANDS:
-        raise SpecError([Problem("command", "unknown command", command, one_of(list(COMMANDS)),
-                                 did_you_mean(command, COMMANDS))])
-    if "cfg" in flags and flags["cfg"] not in ("job", "all"):
-        raise SpecError([Problem("--cfg", "unknown config view", flags["cfg"],
-                                 one_of(["job", "all"]))])
+        problems.append(Problem("command", "unknown command", command, one_of(list(COMMANDS)),
+                                did_you_mean(command, COMMANDS)))
+    if "cfg" in flags and flags["cfg"] not in CFG_VIEWS:
+        problems.append(Problem("--cfg", "unknown config view", flags["cfg"], one_of(CFG_VIEWS)))
+    if problems:
+        raise SpecError(problems)
     return command, overrides, flags
 
 
@@ -155,7 +161,7 @@ def cmd_compile(overrides: list[str], flags: Flags) -> int:
     _, plan = _checked_plan(overrides, flags)
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
-    sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
+    sys.stdout.write(json.dumps(as_json(plan), indent=2) + "\n")
     return 0
 
 
@@ -243,10 +249,10 @@ def cmd_headroom(overrides: list[str], flags: Flags) -> int:
     loaded, plan = load_plan(overrides)
     reports = headroom_reports(loaded, plan)
     if flags.get("json"):
-        sys.stdout.write(json.dumps([h.to_json() for h in reports], indent=2) + "\n")
+        sys.stdout.write(json.dumps(as_json(reports), indent=2) + "\n")
     else:
         print_headroom(reports, Console(highlight=False, width=max(120, Console().width)))
-    refused = [h for h in reports if h.verdict == "refuse"]
+    refused = [h for h in reports if h.fit == "refuse"]
     if refused:
         err.print(f"refused: {', '.join(h.engine for h in refused)} do not fit on "
                   f"{loaded.spec.hardware.name} (see the breakdown and fixes above)")
@@ -461,7 +467,7 @@ def cmd_multirun(command: str, overrides: list[str], flags: Flags) -> int:
             codes.append(COMMANDS[command](combo, flags))
         except SpecError as exc:  # a refusal found only now (e.g. the headroom of a device)
             codes.append(report(exc, sys.stderr))
-    meaning = {0: "ok", 1: "failed or undecided", EXIT_INVALID: "invalid, not run"}
+    meaning = {0: "ok", 1: "failed or unresolved", EXIT_INVALID: "invalid, not run"}
     for i, ((_, swept), code) in enumerate(zip(combos, codes, strict=True)):
         err.print(escape(f"#{i} {' '.join(swept)}: exit {code} ({meaning.get(code, 'error')})"))
     return EXIT_INVALID if EXIT_INVALID in codes else max(codes, default=0)
@@ -484,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command, overrides, flags = _split(argv)
         if flags.get("help"):
-            sys.stdout.write(USAGE)
+            sys.stdout.write(parser().format_help())
             return 0
         if "cfg" in flags:
             return _print_cfg(overrides, str(flags["cfg"]))

@@ -45,7 +45,7 @@ LIGHT = (
     "tests/workloads/test_sources.py", "tests/results/test_console.py",
     "tests/results/test_ledger.py", "tests/results/test_report.py", "tests/records/",
     "tests/steps/", "tests/engine/test_device.py", "tests/engine/test_server.py",
-    "tests/pipelines/test_k8s_template.py",
+    "tests/pipelines/test_k8s_template.py", "tests/stats/", "tests/test_glossary.py",
 )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from specflow.config.compose import load_plan
+from specflow.spec.serialize import as_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +54,7 @@ def test_wheel_runs_compile_and_headroom_from_anywhere(installed: Path, tmp_path
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # the same plan as the checkout compiles (conf/ shipped whole and unchanged)
-    assert json.loads(proc.stdout) == load_plan(["target=qwen3_8b", "drafter=eagle3"])[1].to_json()
+    assert json.loads(proc.stdout) == as_json(load_plan(["target=qwen3_8b", "drafter=eagle3"])[1])
     proc = _run(installed, "headroom", "target=qwen3_8b", "hardware=h200", "drafter=eagle3",
                 "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -42,21 +42,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from specflow.decision.choose import decision_rows
-from specflow.decision.model import Analysis, ClassResult, Decision, Verdict, as_json
+from specflow.decision.model import Analysis, ClassResult, Decision, Outcome, Verdict
 from specflow.records.fsio import BeforeReplace, atomic_write_json
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import PromoteSpec
+from specflow.spec.serialize import as_json
 
 log = logging.getLogger("specflow.champions.promote")
 
 _SAFE = re.compile(r"[A-Za-z0-9_.-]+")
 PLAIN = "letters, digits, '_', '-' and '.' (not '.' or '..')"
 """What `is_plain_name` accepts, for messages."""
-SCHEMA_VERSION = 1
-"""Version of the champion file format."""
+SCHEMA_VERSION = 2
+"""Version of the champion file format. 2: the glossary's words (a band's and a champion's
+outcome `promote`, was `speculate`; a candidate's `verdict`, was `status` and `outcome`; the
+"off" row's verdict wins / ruled out / open, was wins / beaten / unresolved). Files of schema 1
+are read as schema 2 (`upgrade_v1`)."""
 CHAMPION = "champion.json"
 
 
@@ -105,7 +109,7 @@ class BandRecord(_Record):
     """The band's label, e.g. `c1-4`."""
     lo: int
     hi: int
-    outcome: Literal["speculate", "off", "unresolved"]
+    outcome: Outcome
     engine_hash: str | None
     """The winner's engine config (None: no winner)."""
     engine: str | None
@@ -153,7 +157,7 @@ class ChampionRecord(_Record):
     schema_version: int = Field(alias="schema")
     """The file format (`SCHEMA_VERSION`)."""
     traffic_class: str
-    outcome: Literal["speculate", "off"]
+    outcome: Literal["promote", "off"]
     engine: ChampionEngine
     speculative_config: dict[str, JsonValue] | None
     """The --speculative-config to serve with (None: no speculation)."""
@@ -164,6 +168,14 @@ class ChampionRecord(_Record):
     evidence: Evidence
     settings: dict[str, JsonValue]
     """The PromoteSpec it was decided under."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older(cls, data: Any) -> Any:
+        """A schema 1 file is read in schema 2's words."""
+        if isinstance(data, dict) and data.get("schema", data.get("schema_version")) == 1:
+            return upgrade_v1(data)
+        return data
 
 
 class VersionedRecord(ChampionRecord):
@@ -205,6 +217,45 @@ class Promotion:
 
 Hook = Callable[[Promotion], None]
 """Called after the files are in place (e.g. to register the champion in MLflow)."""
+
+
+_V1_WORDS = {"speculate": "promote"}
+_V1_OFF_ROW = {"beaten": "ruled out", "unresolved": "open"}
+
+
+def _renamed(words: Mapping[str, str], word: Any) -> Any:
+    return words.get(word, word) if isinstance(word, str) else word
+
+
+def upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A champion record of schema 1 in schema 2's words (the version, hash and everything else
+    as the file holds them)."""
+    out = json.loads(json.dumps(data))
+    out.pop("schema_version", None)
+    out["schema"] = SCHEMA_VERSION
+    out["outcome"] = _renamed(_V1_WORDS, out.get("outcome"))
+    for band in out.get("bands") or ():
+        if isinstance(band, dict):
+            band["outcome"] = _renamed(_V1_WORDS, band.get("outcome"))
+    evidence = out.get("evidence")
+    if not isinstance(evidence, dict):
+        return out
+    dep = evidence.get("deployment")
+    if isinstance(dep, dict):
+        dep["outcome"] = _renamed(_V1_WORDS, dep.get("outcome"))
+    for d in evidence.get("decisions") or ():
+        if not isinstance(d, dict):
+            continue
+        d["outcome"] = _renamed(_V1_WORDS, d.get("outcome"))
+        for v in [d.get("winner"), *(d.get("candidates") or ())]:
+            if isinstance(v, dict):
+                v.pop("status", None)
+                if "outcome" in v:
+                    v["verdict"] = v.pop("outcome")
+    for row in evidence.get("decision_table") or ():
+        if isinstance(row, dict) and row.get("method") == "none":
+            row["verdict"] = _renamed(_V1_OFF_ROW, row.get("verdict"))
+    return out
 
 
 def _read(path: Path) -> GatedRecord:

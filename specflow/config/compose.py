@@ -22,11 +22,11 @@ from specflow.config.validation import (
     GROUPS,
     MULTI,
     Sources,
-    _read_yaml,
-    _strip_optional,
-    _union_members,
     fields_of,
     problems_from_validation,
+    read_yaml,
+    strip_optional,
+    union_members,
     walk,
 )
 from specflow.spec.compile import Catalog, SweepPlan, compile_plan
@@ -197,12 +197,12 @@ def _unknown_part(parts: Sequence[str]) -> tuple[int, list[str]] | None:
     """Index of the first path part the schema does not know, with what it allows there."""
     tp: Any = Spec
     for i, part in enumerate(parts):
-        tp = _strip_optional(tp)
+        tp = strip_optional(tp)
         names = fields_of(tp)
         if names:
             if part not in names:
                 return i, names
-            members = _union_members(tp) or [tp]
+            members = union_members(tp) or [tp]
             tp = next(m.model_fields[part].annotation for m in members if part in m.model_fields)
         elif typing.get_origin(tp) is dict:
             tp = typing.get_args(tp)[1]
@@ -368,7 +368,7 @@ def _not_overridable(key: str, text: str, root: Path, choices: dict[str, Any],
         i, allowed = unknown
         return Problem(".".join(parts[: i + 1]), "unknown key", value, one_of(allowed),
                        did_you_mean(parts[i], allowed), source)
-    if typing.get_origin(_strip_optional(walk(parts)[1])) is dict:
+    if typing.get_origin(strip_optional(walk(parts)[1])) is dict:
         return Problem(key, "adds entries to a mapping, which a plain override cannot do", value,
                        f"'++{key}=...' (replace) or '+{key}.<name>=...' (add one entry)",
                        source=source)
@@ -502,7 +502,7 @@ def selected(group: str, root: Path, choices: dict[str, Any], overrides: Sequenc
         files.append(root / "experiment" / f"{choices['experiment']}.yaml")
     files.append(root / "config.yaml")
     for path in files:
-        data = _read_yaml(path)
+        data = read_yaml(path)
         defaults = data.get("defaults") if isinstance(data, dict) else None
         for item in defaults if isinstance(defaults, list) else []:
             if isinstance(item, dict):

@@ -51,7 +51,7 @@ class Sources:
                 return f"override {redact_secrets(ov)}"
         experiment = self.choices.get("experiment")
         overlay = self.root / "experiment" / f"{experiment}.yaml"
-        if experiment and _has_path(_read_yaml(overlay), path):
+        if experiment and _has_path(read_yaml(overlay), path):
             return f"conf/experiment/{experiment}.yaml"
         head, _, rest = path.partition(".")
         if head in MULTI:
@@ -71,7 +71,7 @@ def _read_yaml_cached(path: str, mtime: float) -> Any:
         return yaml.safe_load(fh)
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
     try:
         return _read_yaml_cached(str(path), path.stat().st_mtime)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -86,19 +86,19 @@ def _has_path(data: Any, path: str) -> bool:
     return True
 
 
-def _strip_optional(tp: Any) -> Any:
+def strip_optional(tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1:
-            return _strip_optional(args[0])
+            return strip_optional(args[0])
     if origin is typing.Annotated:
-        return _strip_optional(typing.get_args(tp)[0])
+        return strip_optional(typing.get_args(tp)[0])
     return tp
 
 
-def _union_members(tp: Any) -> list[type[BaseModel]]:
-    tp = _strip_optional(tp)
+def union_members(tp: Any) -> list[type[BaseModel]]:
+    tp = strip_optional(tp)
     if typing.get_origin(tp) is typing.Annotated:
         tp = typing.get_args(tp)[0]
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
@@ -122,8 +122,8 @@ def walk(loc: Sequence[str | int], root: type[BaseModel] = Spec) -> tuple[list[s
     i = 0
     while i < len(items):
         part = items[i]
-        tp = _strip_optional(tp)
-        members = _union_members(tp)
+        tp = strip_optional(tp)
+        members = union_members(tp)
         if members:
             by_tag = {_tag(m): m for m in members}
             if part in by_tag:
@@ -157,9 +157,9 @@ def walk(loc: Sequence[str | int], root: type[BaseModel] = Spec) -> tuple[list[s
 
 def fields_of(tp: Any) -> list[str]:
     """Field names allowed at a schema node (union members combined)."""
-    tp = _strip_optional(tp)
+    tp = strip_optional(tp)
     is_model = isinstance(tp, type) and issubclass(tp, BaseModel)
-    members = _union_members(tp) or ([tp] if is_model else [])
+    members = union_members(tp) or ([tp] if is_model else [])
     names: list[str] = []
     for m in members:
         names.extend(n for n in m.model_fields if n not in names)
@@ -174,7 +174,7 @@ def dotted(parts: Sequence[str | int]) -> str:
 
 
 def _describe(tp: Any) -> str:
-    tp = _strip_optional(tp)
+    tp = strip_optional(tp)
     names = fields_of(tp)
     if names:
         return "a mapping with keys " + one_of(names)
@@ -226,13 +226,13 @@ def _missing(x: _Error) -> Problem:
 
 
 def _literal(x: _Error) -> Problem:
-    allowed = typing.get_args(_strip_optional(x.tp)) or ()
+    allowed = typing.get_args(strip_optional(x.tp)) or ()
     return Problem(x.path, "not an allowed value", x.got,
                    x.ctx.get("expected", one_of(allowed)), did_you_mean(x.got, allowed))
 
 
 def _union_tag(x: _Error) -> Problem:
-    tags = [_tag(m) for m in _union_members(x.tp)]
+    tags = [_tag(m) for m in union_members(x.tp)]
     field_name = x.ctx.get("discriminator", "'kind'").strip("'")
     got = x.got.get(field_name) if isinstance(x.got, dict) else x.got
     return Problem(dotted([*x.user_path, field_name]),

@@ -117,14 +117,14 @@ def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: s
             latency_worst=latency,
             acceptance_rate=float(np.median(rates)) if rates else None,
             mean_acceptance_length=float(np.median(mals)) if mals else None,
-            per_position_acceptance=_median_curve(m.per_position_acceptance for m in usable),
+            per_position_acceptance=median_curve(m.per_position_acceptance for m in usable),
             digests=tuple(m.output_digests for m in usable),
             prompt_hashes=tuple(m.prompt_hash for m in usable),
         ))
     return out
 
 
-def _median_curve(curves: Iterable[Sequence[float]]) -> tuple[float, ...]:
+def median_curve(curves: Iterable[Sequence[float]]) -> tuple[float, ...]:
     """Position-wise median of acceptance curves, over the positions all of them have."""
     curves = [c for c in curves if c]
     if not curves:

@@ -49,9 +49,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specflow.decision.aggregate import _median_curve, aggregate, screened_starts
+from specflow.decision.aggregate import aggregate, median_curve, screened_starts
 from specflow.decision.bands import bands_for, build_schedule
-from specflow.decision.gates import _Reference, _references, quality_check, slo_violations
+from specflow.decision.gates import (
+    QualityReference,
+    quality_check,
+    quality_references,
+    slo_violations,
+)
 from specflow.decision.model import (
     BASELINE_METHOD,
     Analysis,
@@ -109,8 +114,8 @@ def pick(eligible: Sequence[Verdict], tie_tolerance: float) -> tuple[Verdict, li
                     "the smaller N, then the cheaper method is preferred")
         else:
             note = f"lower bound {v.score:.3f} < winner's {winner.score:.3f}"
-        others.append(dataclasses.replace(v, status="eligible", note=note))
-    return dataclasses.replace(winner, status="winner"), others
+        others.append(dataclasses.replace(v, note=note))
+    return dataclasses.replace(winner, chosen=True), others
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,7 @@ class _BandInputs:
     blocks: Mapping[tuple[str, int], list[StartWindows]]
     """Every engine start's usable windows at (workload, concurrency)."""
     noise: Mapping[tuple[str, int], StartNoise]
-    refs: Mapping[str, _Reference]
+    refs: Mapping[str, QualityReference]
     missing_refs: Mapping[str, str]
     """Workloads without a usable baseline reference, with why."""
     refused: Collection[str]
@@ -252,7 +257,7 @@ def _speedup_reason(s: PointSpeedup, promote: PromoteSpec) -> Reason | None:
     elif need is None:
         detail += f"; the gain is below the {promote.margin:.0%} margin"
     else:
-        detail += f"; inconclusive: {settle_phrase(need, 'it')}"
+        detail += f"; still open: {settle_phrase(need, 'it')}"
     return Reason("speedup", detail)
 
 
@@ -283,7 +288,7 @@ def _verdict(inputs: _BandInputs, pts: Sequence[PointStats]) -> Verdict:
         speedups=tuple(speedups),
         worst=min(speedups, key=lambda s: s.speedup.lo) if speedups else None,
         quality=quality, rejected=tuple(reasons),
-        per_position_acceptance=_median_curve(p.per_position_acceptance for p in ok),
+        per_position_acceptance=median_curve(p.per_position_acceptance for p in ok),
         acceptance_rate=_median_acceptance(ok),
         ruled_out=_ruled_out(reasons, speedups, inputs.promote),
     )
@@ -387,7 +392,7 @@ def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
         candidates = (winner, *sorted(others, key=lambda v: -(v.score or 0.0)), *rejected)
     else:
         # off is concluded only when every candidate is ruled out
-        still_open = [v for v in verdicts if v.outcome == "open"]
+        still_open = [v for v in verdicts if v.verdict == "open"]
         if still_open and unresolved:  # the race's why (budget, looks): and its leader
             lead = _leader(still_open, inputs.promote)
             unresolved += f"; {lead}" if lead else ""
@@ -443,7 +448,7 @@ def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: Poi
     top = engines[n_max]
     reasons = [f"{drafter} wins {wins[drafter]} of {len(decisions)} bands"]
     if len({n for _, n in n_by_band}) == 1:
-        return Deployment(traffic_class, "speculate", top.engine_hash, top.engine, drafter,
+        return Deployment(traffic_class, "promote", top.engine_hash, top.engine, drafter,
                           top.method, n_max, None, baseline_hash, tuple(reasons)), notes
     schedule, fill = build_schedule(n_by_band, max_batch_size)
     notes += fill
@@ -454,7 +459,7 @@ def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: Poi
                      "engine before relying on it (vLLM drops full CUDA graphs to piecewise for "
                      "a dynamic N, and the drafter's memory is held even where N=0)")
     ranges = tuple((start, end, k) for start, end, k in schedule) if schedule else None
-    return Deployment(traffic_class, "speculate", top.engine_hash, top.engine, drafter,
+    return Deployment(traffic_class, "promote", top.engine_hash, top.engine, drafter,
                       top.method, n_max, ranges, baseline_hash, tuple(reasons)), notes
 
 
@@ -683,7 +688,7 @@ def _class_verdicts(traffic_class: str, bands: Sequence[Band], band_notes: Seque
     if not all(n.replicated for n in noise.values()):
         notes.append("no engine config was started twice at some points: their intervals treat "
                      "windows as independent (measure the baseline again to fix this)")
-    refs, missing = _references([*base_pts, *close_pts])
+    refs, missing = quality_references([*base_pts, *close_pts])
     inputs = _BandInputs(
         traffic_class=traffic_class, workloads=workloads, candidates=cand,
         baseline_points=tuple(base_pts), baseline_hash=baseline_hash, blocks=mine, noise=noise,
@@ -702,9 +707,9 @@ def _raced(inputs: _BandInputs, band: Band, state: BandState | None) -> list[Ver
     starts only (on its exploration starts when the race confirmed it there, a clear case),
     every other candidate on all its data with how the race dropped it."""
     selected = state.contenders[0] if state is not None and state.status in (
-        "confirmed", "confirming", "unresolved") and len(state.contenders) == 1 else None
+        "promote", "confirming", "unresolved") and len(state.contenders) == 1 else None
     confirm_inputs = dataclasses.replace(
-        inputs, stage=state.evidence if state is not None and state.status == "confirmed"
+        inputs, stage=state.evidence if state is not None and state.status == "promote"
         else "confirm")
     why = dict(state.dropped) if state is not None else {}
     out = []
@@ -712,7 +717,7 @@ def _raced(inputs: _BandInputs, band: Band, state: BandState | None) -> list[Ver
         if v.engine_hash == selected and state is not None:
             pts = [p for p in inputs.candidates[v.engine_hash] if p.concurrency in band]
             cv = _verdict(confirm_inputs, pts)
-            if state.status != "confirmed" and cv.eligible:
+            if state.status != "promote" and cv.eligible:
                 cv = dataclasses.replace(cv, rejected=(Reason("race", state.why),))
             # winning is shown on fresh starts; ruling out may use every start (selecting the
             # best only makes its estimate high, so a rule-out on all of them stays valid)
@@ -753,7 +758,8 @@ def _family_corrected(staged: Sequence[_ClassVerdicts], promote: PromoteSpec
 def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
     """The decision table: one row per band x candidate, plus the "off" row of every band.
     A candidate's verdict: wins, passes (every gate; another chosen), ruled out, open; the off
-    row's: wins (the band concludes off), beaten (a candidate wins), unresolved."""
+    row's: wins (the band concludes off), ruled out (a candidate wins), open (the band is
+    unresolved)."""
     rows = []
     for d in result.decisions:
         for v in d.candidates:
@@ -762,19 +768,19 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
             rows.append({
                 "traffic_class": d.traffic_class, "band": d.band.label, "engine": v.engine,
                 "engine_hash": v.engine_hash, "method": v.method, "N": v.num_speculative_tokens,
-                "verdict": v.outcome,
+                "verdict": v.verdict,
                 "speedup": s.value if s else None, "lo": s.lo if s else None,
                 "hi": s.hi if s else None,
                 "worst_point": f"{v.worst.workload} c={v.worst.concurrency}" if v.worst else None,
                 "quality": q.summary if q else None,
                 "acceptance_rate": v.acceptance_rate,
-                "why": v.ruled_out if v.outcome == "ruled out"
+                "why": v.ruled_out if v.verdict == "ruled out"
                 else "; ".join(str(r) for r in v.rejected) or v.note,
             })
         rows.append({
             "traffic_class": d.traffic_class, "band": d.band.label, "engine": "off (baseline)",
             "engine_hash": result.deployment.baseline_hash, "method": BASELINE_METHOD, "N": 0,
-            "verdict": {"off": "wins", "unresolved": "unresolved"}.get(d.outcome, "beaten"),
+            "verdict": {"off": "wins", "unresolved": "open"}.get(d.outcome, "ruled out"),
             "speedup": 1.0, "lo": 1.0, "hi": 1.0, "worst_point": None, "quality": None,
             "acceptance_rate": None,
             "why": "; ".join(d.reasons) if d.winner is None else "a candidate passed every gate",

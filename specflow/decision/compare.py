@@ -15,12 +15,12 @@ sweeps' repeated starts at the point (the baseline's opening and closing starts 
 start effect counts even where a candidate was started once; acceptance and throughput use one
 value per engine start where both sweeps started the engine at least twice, and the windows
 otherwise (said in the row). Each change gets a two-sided interval at `confidence`; the rows are
-one family, Holm-corrected. The verdict, in the decision's words:
+one family, Holm-corrected. The finding, in the decision's words:
 - *regression*: worse beyond noise (the Holm test rejects) and by more than `tolerance`;
 - *improvement*: the same, better;
 - *no change beyond noise*: neither;
 - *workload changed*: the requests differ (sampling settings, prompts or the workload's
-  settings): the two sweeps did not measure the same thing, so no verdict is given (a changed
+  settings): the two sweeps did not measure the same thing, so no finding is given (a changed
   default temperature reads as this, never as a regression: vLLM issue 33497).
 """
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import computed_field
 from scipy import stats
 
 from specflow.decision.aggregate import usable_starts
@@ -42,7 +43,7 @@ from specflow.stats.critical import t_value
 from specflow.stats.multiplicity import holm
 from specflow.stats.replicates import StartWindows, contrast, start_noise
 
-Verdict = Literal["regression", "improvement", "no change beyond noise", "workload changed"]
+Finding = Literal["regression", "improvement", "no change beyond noise", "workload changed"]
 Metric = Literal["speedup", "acceptance length", "throughput", "acceptance at position"]
 
 NOT_SENT = "not sent (vLLM's default)"
@@ -87,10 +88,10 @@ class Change:
     hi: float
     scale: Literal["ratio", "difference"]
     p: float
-    """Two-sided p-value of no change (1.0 where no verdict is given)."""
+    """Two-sided p-value of no change (1.0 where no finding is given)."""
     replicates: str
     """What the interval treats as replicates, e.g. `3 + 3 engine starts`."""
-    verdict: Verdict = "no change beyond noise"
+    finding: Finding = "no change beyond noise"
 
     @property
     def label(self) -> str:
@@ -107,7 +108,7 @@ class Comparison:
     pins: tuple[tuple[str, str, str], ...]
     """(pin, in A, in B) for every pin that differs (`-`: absent)."""
     workload_changes: tuple[str, ...]
-    """One line per difference in what the requests were: such rows get no verdict."""
+    """One line per difference in what the requests were: such rows get no finding."""
     settings: tuple[str, ...]
     """Other measured settings that differ (warm-up, design): said, rows still compared."""
     only: tuple[str, ...]
@@ -117,17 +118,18 @@ class Comparison:
 
     @property
     def regressions(self) -> list[Change]:
-        return [c for c in self.changes if c.verdict == "regression"]
+        return [c for c in self.changes if c.finding == "regression"]
 
     @property
     def improvements(self) -> list[Change]:
-        return [c for c in self.changes if c.verdict == "improvement"]
+        return [c for c in self.changes if c.finding == "improvement"]
 
     @property
     def compared(self) -> list[Change]:
-        """Rows that got a verdict (the workload was the same)."""
-        return [c for c in self.changes if c.verdict != "workload changed"]
+        """Rows that got a finding (the workload was the same)."""
+        return [c for c in self.changes if c.finding != "workload changed"]
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def summary(self) -> str:
         if not self.changes:
@@ -418,10 +420,10 @@ def compare(a: SweepSide, b: SweepSide, *, confidence: float = 0.95, tolerance: 
 
 def _judge(rows: list[Change], changed: Mapping[str, list[str]], confidence: float,
            tolerance: float) -> list[Change]:
-    """Holm over the rows whose workload is unchanged; a verdict for each row."""
+    """Holm over the rows whose workload is unchanged; a finding for each row."""
     family = [i for i, r in enumerate(rows) if not changed.get(r.workload)]
     reject = holm([rows[i].p for i in family], 1 - confidence)
-    out = [replace(r, verdict="workload changed", p=1.0) if changed.get(r.workload) else r
+    out = [replace(r, finding="workload changed", p=1.0) if changed.get(r.workload) else r
            for r in rows]
     for i, rejected in zip(family, reject, strict=True):
         r = out[i]
@@ -429,7 +431,7 @@ def _judge(rows: list[Change], changed: Mapping[str, list[str]], confidence: flo
             continue
         size = r.change - 1 if r.scale == "ratio" else r.change
         if size < -tolerance:
-            out[i] = replace(r, verdict="regression")
+            out[i] = replace(r, finding="regression")
         elif size > tolerance:
-            out[i] = replace(r, verdict="improvement")
+            out[i] = replace(r, finding="improvement")
     return out

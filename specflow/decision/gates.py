@@ -14,7 +14,7 @@ from specflow.stats.intervals import newcombe_interval, wilson_interval
 
 
 @dataclass(frozen=True)
-class _Reference:
+class QualityReference:
     """The baseline's outputs for one workload: the reference (majority) digest per request, and
     per concurrency level how often the baseline's own runs differ from it (batching changes the
     numerics per level, so its self-disagreement is measured where the candidate is)."""
@@ -37,7 +37,8 @@ def _majority(runs: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
                  for seen in zip(*runs, strict=True))
 
 
-def _references(baseline: Sequence[PointStats]) -> tuple[dict[str, _Reference], dict[str, str]]:
+def quality_references(baseline: Sequence[PointStats]
+                       ) -> tuple[dict[str, QualityReference], dict[str, str]]:
     """Per workload, the baseline's reference outputs over all its runs and levels, with its own
     mismatch counts per level (or why there is no reference)."""
     runs: dict[str, list[tuple[int, str, tuple[str, ...]]]] = defaultdict(list)
@@ -60,7 +61,7 @@ def _references(baseline: Sequence[PointStats]) -> tuple[dict[str, _Reference], 
         for c, _, d in rs:
             pairs, bad = counts.get(c, (0, 0))
             counts[c] = (pairs + len(d), bad + len(_mismatches(d, reference)))
-        refs[workload] = _Reference(rs[0][1], reference, counts)
+        refs[workload] = QualityReference(rs[0][1], reference, counts)
     return refs, missing
 
 
@@ -83,7 +84,7 @@ def _add(counts: dict[int, tuple[int, int]], level: int, pairs: int, bad: int) -
     counts[level] = (n + pairs, x + bad)
 
 
-def _compare_runs(points: Sequence[PointStats], ref: _Reference
+def _compare_runs(points: Sequence[PointStats], ref: QualityReference
                   ) -> tuple[dict[int, tuple[int, int]], set[int], list[str]]:
     """A candidate's runs of one workload against the reference: (pairs, mismatches) per level,
     the requests some run got wrong, and the runs that cannot be compared."""
@@ -104,7 +105,7 @@ def _compare_runs(points: Sequence[PointStats], ref: _Reference
     return counts, bad, problems
 
 
-def quality_check(candidate: Sequence[PointStats], refs: Mapping[str, _Reference],
+def quality_check(candidate: Sequence[PointStats], refs: Mapping[str, QualityReference],
                   missing: Mapping[str, str], promote: PromoteSpec) -> QualityCheck:
     """Test a candidate's output mismatch rate in one band against the baseline's, at every
     concurrency level of the band (the class's workloads pooled per level)."""

@@ -1,20 +1,18 @@
 """The decision's records: per-point statistics, speedups, gates' reasons, candidate verdicts,
 band decisions, deployments per traffic class, and the analysis that holds them.
 
-`as_json` serialises any of them with pydantic: the fields, then the properties marked
-`computed_field` (the JSON's derived values); fields marked `Field(exclude=True)` stay out."""
+`specflow.spec.serialize.as_json` serialises any of them with pydantic: the fields, then the
+properties marked `computed_field` (the JSON's derived values); fields marked
+`Field(exclude=True)` stay out."""
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import numpy as np
-from pydantic import Field, TypeAdapter, computed_field
+from pydantic import Field, computed_field
 
 BASELINE_METHOD = "none"
 """`Measurement.method` of the no-speculation baseline."""
@@ -22,6 +20,15 @@ BASELINE_METHOD = "none"
 
 Gate = Literal["headroom", "failed", "quality", "slo", "speedup", "family", "race"]
 """The gates a candidate can be rejected by, in the order they are checked."""
+
+Outcome = Literal["promote", "off", "unresolved"]
+"""A band's outcome (the glossary's words): promote its winner, serve it without speculation,
+or unresolved (never promoted; the champion stays)."""
+
+VerdictWord = Literal["wins", "passes", "ruled out", "open"]
+"""A candidate's verdict in its band (the glossary's words): wins (chosen), passes (clears every
+gate, another candidate was chosen), ruled out (cannot be the band's answer), open (neither shown
+to win nor ruled out; more engine starts settle it)."""
 
 
 class AnalysisError(ValueError):
@@ -261,7 +268,8 @@ class Verdict:
     """The point with the lowest speedup lower bound (the band's speedup)."""
     quality: QualityCheck | None
     rejected: tuple[Reason, ...]
-    status: Literal["winner", "eligible", "rejected"] = "rejected"
+    chosen: Annotated[bool, Field(exclude=True)] = False
+    """The band's winner (its `verdict` says so in the JSON)."""
     note: str = ""
     """For eligible non-winners: why another candidate was preferred."""
     per_position_acceptance: tuple[float, ...] = ()
@@ -272,10 +280,10 @@ class Verdict:
 
     @computed_field  # type: ignore[prop-decorator]
     @property
-    def outcome(self) -> Literal["wins", "passes", "ruled out", "open"]:
+    def verdict(self) -> VerdictWord:
         """wins: chosen; passes: clears every gate, another was chosen; ruled out: see
         `ruled_out`; open: neither shown to win nor ruled out (more engine starts settle it)."""
-        if self.status == "winner":
+        if self.chosen:
             return "wins"
         if self.eligible:
             return "passes"
@@ -328,9 +336,9 @@ class Decision:
 
     @computed_field  # type: ignore[prop-decorator]
     @property
-    def outcome(self) -> Literal["speculate", "off", "unresolved"]:
+    def outcome(self) -> Outcome:
         if self.winner is not None:
-            return "speculate"
+            return "promote"
         return "unresolved" if self.unresolved else "off"
 
 
@@ -339,7 +347,7 @@ class Deployment:
     """What one traffic class should be served with: one engine, possibly with an N schedule."""
 
     traffic_class: str
-    outcome: Literal["speculate", "off"]
+    outcome: Literal["promote", "off"]
     engine_hash: str
     """The measured engine config to deploy (the baseline's for "off"; for a schedule, the drafter
     at the largest N in it, which is the global num_speculative_tokens)."""
@@ -391,21 +399,3 @@ class Analysis:
         """Windows excluded as failed, over all points."""
         return sum(p.n_failed for p in (*self.points, *self.closing))
 
-
-@functools.cache
-def _adapter(tp: type[object]) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)
-
-
-def _numpy_scalar(value: Any) -> Any:
-    """A numpy scalar that reached a record (from aggregation) as its Python value."""
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def as_json(record: object) -> Any:
-    """Plain JSON data of a record of this module, or of a tuple of them (fields, then computed
-    fields; non-finite floats become null: JSON has no inf or nan)."""
-    if isinstance(record, tuple):
-        return [as_json(r) for r in record]
-    adapter = _adapter(type(record))  # type: ignore[arg-type]  # (mypy: types are hashable)
-    return json.loads(adapter.dump_json(record, warnings=False, fallback=_numpy_scalar))

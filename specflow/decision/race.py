@@ -8,7 +8,7 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
-class Interval:
+class ContenderEstimate:
     """A contender's band estimate in one round: its worst point."""
 
     value: float
@@ -25,12 +25,14 @@ class BandState:
 
     traffic_class: str
     band: str
-    status: Literal["exploring", "confirming", "confirmed", "off", "unresolved"]
+    status: Literal["exploring", "confirming", "promote", "off", "unresolved"]
+    """In progress (exploring, confirming), then the band's outcome (promote, off,
+    unresolved)."""
     contenders: tuple[str, ...]
     """Engine hashes still in the race (exploring), or the selected one (confirming and after)."""
     dropped: tuple[tuple[str, str], ...] = ()
     """(engine hash, why) of every candidate dropped so far, in the order they were dropped."""
-    estimates: Mapping[str, Interval] = field(default_factory=dict)
+    estimates: Mapping[str, ContenderEstimate] = field(default_factory=dict)
     ruled_out: tuple[str, ...] = ()
     """Engine hashes of `dropped` that the race ruled out (a gate, a gain of 2 x margin excluded
     at the look's futility share, outranked); the others were dropped for another's selection."""
@@ -52,6 +54,6 @@ class BandState:
 
     def word(self, more_rounds: bool) -> str:
         """The status as said after its round: a band `left_open` is measured again when
-        another round follows, so it is `open` there; `unresolved` is said only where no
-        round follows."""
-        return "open" if more_rounds and self.left_open else self.status
+        another round follows, so it is still `exploring` there; `unresolved` is said only
+        where no round follows."""
+        return "exploring" if more_rounds and self.left_open else self.status

@@ -182,14 +182,14 @@ def _write_shards(tensors: Iterator[tuple[str, Any]], out: Path) -> int:
         path.rename(final)
         weight_map.update({n: final.name for n in members})
     if count > 1:
-        tiny._write_json(out / "model.safetensors.index.json",
+        tiny.write_json(out / "model.safetensors.index.json",
                          {"metadata": {"total_size": total}, "weight_map": weight_map})
     return total
 
 
 def _write_tokenizer(out: Path) -> None:
     """The tiny byte-level BPE with its vocabulary padded to VOCAB by reserved tokens."""
-    tiny._write_tokenizer(out)
+    tiny.write_tokenizer(out)
     doc = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = doc["model"]["vocab"]
     for i in range(len(vocab), VOCAB):
@@ -197,7 +197,7 @@ def _write_tokenizer(out: Path) -> None:
     (out / "tokenizer.json").write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
     cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     cfg["model_max_length"] = TARGET.max_position_embeddings
-    tiny._write_json(out / "tokenizer_config.json", cfg)
+    tiny.write_json(out / "tokenizer_config.json", cfg)
 
 
 def _write_kind(kind: str, out: Path, layers: int | None, device: str) -> None:
@@ -215,7 +215,7 @@ def _write_kind(kind: str, out: Path, layers: int | None, device: str) -> None:
         cfg, shapes, extra = _config(shape), _llama_shapes(shape), {}
     seed = {"target": TARGET.seed, "eagle3": EAGLE3.seed, "draft_model": DRAFT.seed}[kind]
     _write_shards(_chain(_tensors(shapes, seed, device), extra), out)
-    tiny._write_json(out / "config.json", cfg)
+    tiny.write_json(out / "config.json", cfg)
     _write_tokenizer(out)
 
 
@@ -257,7 +257,7 @@ def build(kind: str, root: Path, layers: int | None = None, device: str | None =
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    tiny._link(root / kind, final)
+    tiny.link_or_copy(root / kind, final)
     return final
 
 

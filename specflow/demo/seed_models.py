@@ -29,8 +29,8 @@ from specflow.demo.tiny import (
     UNK,
     LlamaSpec,
     SeedKind,
-    _random_tensors,
-    _write_tokenizer,
+    random_tensors,
+    write_tokenizer,
 )
 
 
@@ -165,7 +165,7 @@ def _mimo(k: SeedKind) -> tuple[dict[str, Any], Any]:
         shapes.update({pre + n: v for n, v in block.items()})
         shapes.update({pre + "token_layernorm.weight": (h,), pre + "hidden_layernorm.weight": (h,),
                        pre + "final_layernorm.weight": (h,), pre + "input_proj.weight": (h, 2 * h)})
-    tensors = _random_tensors(shapes, spec.init_std, spec.seed)
+    tensors = random_tensors(shapes, spec.init_std, spec.seed)
     if k.agreeing:
         _agreeing_target(tensors, spec)
         for i in range(k.mtp_layers):
@@ -198,7 +198,7 @@ def _gemma4(k: SeedKind) -> tuple[dict[str, Any], Any]:
     from transformers import Gemma4ForCausalLM
 
     config = _gemma4_text_config(GEMMA4, GEMMA4_LAYER_TYPES)
-    tensors = _random_tensors(_shapes(Gemma4ForCausalLM, config), GEMMA4.init_std, GEMMA4.seed)
+    tensors = random_tensors(_shapes(Gemma4ForCausalLM, config), GEMMA4.init_std, GEMMA4.seed)
     _ones_layer_scalars(tensors)
     if k.agreeing:
         _agreeing_target(tensors, GEMMA4)
@@ -221,7 +221,7 @@ def _gemma4_assistant(k: SeedKind) -> tuple[dict[str, Any], Any]:
                                    architectures=["Gemma4AssistantForCausalLM"], dtype=DTYPE)
     shapes = _shapes(Gemma4AssistantForCausalLM, config)
     del shapes["lm_head.weight"]  # tied to model.embed_tokens
-    tensors = _random_tensors(shapes, spec.init_std, spec.seed)
+    tensors = random_tensors(shapes, spec.init_std, spec.seed)
     _ones_layer_scalars(tensors)
     if k.agreeing:
         # The draft-dim table is the assistant's head; vLLM swaps in the target's embedding
@@ -240,7 +240,7 @@ def _qwen3(k: SeedKind) -> tuple[dict[str, Any], Any]:
 
     config = Qwen3Config(**_common_config(QWEN3), rope_parameters=_rope(QWEN3.rope_theta),
                          architectures=["Qwen3ForCausalLM"])
-    tensors = _random_tensors(_shapes(Qwen3ForCausalLM, config), QWEN3.init_std, QWEN3.seed)
+    tensors = random_tensors(_shapes(Qwen3ForCausalLM, config), QWEN3.init_std, QWEN3.seed)
     if k.agreeing:
         _agreeing_target(tensors, QWEN3)
     return tensors, config
@@ -262,7 +262,7 @@ def _dflash(k: SeedKind) -> tuple[dict[str, Any], Any]:
               if n.startswith(("model.layers.", "model.norm."))}
     shapes["hidden_norm.weight"] = (h,)
     shapes["fc.weight"] = (h, QWEN3.hidden_size * len(DFLASH_TARGET_LAYER_IDS))
-    tensors = _random_tensors(shapes, spec.init_std, spec.seed)
+    tensors = random_tensors(shapes, spec.init_std, spec.seed)
     if not k.agreeing:
         return tensors, config
 
@@ -310,4 +310,4 @@ def write_seed(k: SeedKind, out: Path) -> None:
     save_file({n: t.to(dtype).contiguous() for n, t in sorted(tensors.items())},
               str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
-    _write_tokenizer(out)
+    write_tokenizer(out)

@@ -328,7 +328,7 @@ def _tokenizer_json() -> str:
     return tok.to_str()
 
 
-def _write_tokenizer(out: Path) -> None:
+def write_tokenizer(out: Path) -> None:
     (out / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
     added = {
         str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
@@ -348,8 +348,8 @@ def _write_tokenizer(out: Path) -> None:
         "model_max_length": TOKENIZER.model_max_length,
         "chat_template": CHAT_TEMPLATE,
     }
-    _write_json(out / "tokenizer_config.json", config)
-    _write_json(out / "special_tokens_map.json",
+    write_json(out / "tokenizer_config.json", config)
+    write_json(out / "special_tokens_map.json",
                 {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK})
 
 
@@ -377,7 +377,7 @@ def _llama_config(spec: LlamaSpec) -> Any:
     )
 
 
-def _random_tensors(shapes: dict[str, tuple[int, ...]], std: float, seed: int) -> dict[str, Any]:
+def random_tensors(shapes: dict[str, tuple[int, ...]], std: float, seed: int) -> dict[str, Any]:
     """Seeded weights in sorted-name order: norms are ones, matrices N(0, std^2).
 
     Filled with an explicit generator so the bytes do not depend on how the installed
@@ -405,7 +405,7 @@ def _random_llama(spec: LlamaSpec) -> Any:
 
     model = LlamaForCausalLM(_llama_config(spec))
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    model.load_state_dict(_random_tensors(shapes, spec.init_std, spec.seed))
+    model.load_state_dict(random_tensors(shapes, spec.init_std, spec.seed))
     return model.eval()
 
 
@@ -438,7 +438,7 @@ def _save_llama(model: Any, out: Path) -> None:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    _write_tokenizer(out)
+    write_tokenizer(out)
 
 
 def _save_eagle3(out: Path) -> None:
@@ -464,7 +464,7 @@ def _save_eagle3(out: Path) -> None:
         "fc.weight": (h, h * len(EAGLE3_AUX_LAYER_IDS)),
         "lm_head.weight": (t.vocab_size, h),
     }  # no embed_tokens: vLLM shares the target's
-    tensors = _random_tensors(shapes, t.init_std, EAGLE3_SEED)
+    tensors = random_tensors(shapes, t.init_std, EAGLE3_SEED)
     dtype = getattr(torch, DTYPE)
     save_file({k: v.to(dtype).contiguous() for k, v in tensors.items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -474,7 +474,7 @@ def _save_eagle3(out: Path) -> None:
     config.target_hidden_size = h
     config.eagle_aux_hidden_state_layer_ids = list(EAGLE3_AUX_LAYER_IDS)
     config.save_pretrained(out)
-    _write_tokenizer(out)
+    write_tokenizer(out)
 
 
 def _write_kind(kind: str, out: Path) -> None:
@@ -500,7 +500,7 @@ def _write_kind(kind: str, out: Path) -> None:
     _save_llama(model, out)
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -513,14 +513,14 @@ def build(kind: str, root: Path) -> Path:
     root = Path(root)
     final = root / f"{kind}-{spec_hash(kind)}"
     if final.is_dir():
-        _link(root / kind, final)
+        link_or_copy(root / kind, final)
         return final
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(root, final.name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
     try:
         _write_kind(kind, tmp)
-        _write_json(tmp / "specflow_tiny.json", _spec(kind))
+        write_json(tmp / "specflow_tiny.json", _spec(kind))
         for path in tmp.iterdir():  # mkdtemp and safetensors create owner-only files
             path.chmod(0o644)
         tmp.chmod(0o755)
@@ -531,11 +531,11 @@ def build(kind: str, root: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _link(root / kind, final)
+    link_or_copy(root / kind, final)
     return final
 
 
-def _link(link: Path, final: Path) -> None:
+def link_or_copy(link: Path, final: Path) -> None:
     """Point the stable name conf/ uses (``root/<kind>``) at the current build, atomically."""
     if link.is_symlink() and os.readlink(link) == final.name:
         return

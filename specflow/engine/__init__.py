@@ -1,2 +1,2 @@
-"""The vLLM side: server process, launcher, fork server, installed-vLLM probe, devices, load
+"""The vLLM side: server process, launcher, fork server, the vLLM check, devices, load
 generation, /metrics counters and the runner."""

@@ -35,7 +35,7 @@ def owned() -> tuple[str, ...] | None:
     return None
 
 
-def _visible(devices: list[Device], ids: tuple[str, ...] | None) -> list[Device]:
+def visible(devices: list[Device], ids: tuple[str, ...] | None) -> list[Device]:
     """The devices `ids` names (by index or UUID), in its order; all of them for None. The
     drivers' libraries list every device whatever the variables say, the engine sees these."""
     if ids is None:
@@ -95,4 +95,4 @@ def _amdsmi() -> list[Device]:
 def detect() -> list[Device]:
     """Accelerators visible to this process (its device set, when it was given one); empty on
     CPU-only machines."""
-    return _visible(_nvml() or _amdsmi(), owned())
+    return visible(_nvml() or _amdsmi(), owned())

@@ -13,6 +13,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from specflow.spec.serialize import as_json
+
 PREFIX = "vllm:spec_decode_"
 DRAFTS = PREFIX + "num_drafts_total"
 DRAFT_TOKENS = PREFIX + "num_draft_tokens_total"
@@ -57,11 +59,6 @@ class SpecCounters:
         return tuple(self.accepted_per_pos[p] / self.num_drafts
                      for p in sorted(self.accepted_per_pos))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"num_drafts": self.num_drafts, "draft_tokens": self.draft_tokens,
-                "accepted_tokens": self.accepted_tokens,
-                "accepted_per_pos": {str(p): n for p, n in sorted(self.accepted_per_pos.items())}}
-
 
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 """Prompt tokens looked up in the prefix cache."""
@@ -78,9 +75,6 @@ class PrefixCache:
 
     def __sub__(self, before: PrefixCache) -> PrefixCache:
         return PrefixCache(self.queries - before.queries, self.hits - before.hits)
-
-    def to_json(self) -> dict[str, int]:
-        return {"queries": self.queries, "hits": self.hits}
 
 
 @dataclass(frozen=True)
@@ -150,7 +144,7 @@ def compare_with_bench(delta: SpecCounters | None, result: Mapping[str, Any]) ->
     """
     if "spec_decode_num_drafts" not in result:
         if delta is not None and (delta.num_drafts or delta.draft_tokens or delta.accepted_tokens):
-            return [f"bench reported no spec-decode numbers but /metrics moved: {delta.to_json()}"]
+            return [f"bench reported no spec-decode numbers but /metrics moved: {as_json(delta)}"]
         return []
     if delta is None:
         return ["bench reported spec-decode numbers but /metrics has no spec-decode counters"]

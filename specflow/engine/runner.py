@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ValidationError
+
 from specflow.decision.requests import request_sums
 from specflow.engine import metrics
 from specflow.engine.loadgen import (
@@ -60,6 +62,7 @@ from specflow.records.measurement import (
 )
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import EndpointBackend, LocalBackend, WorkloadSpec
+from specflow.spec.serialize import as_json
 
 RESULT_FILE = "result.json"
 PERCENTILE_METRICS = ",".join(LATENCY_METRICS)
@@ -133,7 +136,7 @@ _SALT_SAFE = str.maketrans({c: "." for c in "@/\\\0"})
 _SALT_MAX = 128
 
 
-def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = False,
+def bench_argv(server: Server, w: Window, window_dir: Path, *, warmup: bool = False,
                salt: str | None = None) -> list[str]:
     """`vllm bench serve` arguments for a window (or for its warm-up); `salt`: the requests'
     `cache_salt` (see `cache_salt`)."""
@@ -159,7 +162,7 @@ def bench_argv(server: Server, w: Window, point_dir: Path, *, warmup: bool = Fal
     return argv + ["--num-prompts", str(w.num_prompts), "--num-warmups", "0",
                    "--percentile-metrics", PERCENTILE_METRICS,
                    "--metric-percentiles", METRIC_PERCENTILES,
-                   "--save-result", "--save-detailed", "--result-dir", str(point_dir),
+                   "--save-result", "--save-detailed", "--result-dir", str(window_dir),
                    "--result-filename", RESULT_FILE]
 
 
@@ -356,6 +359,14 @@ def _bench(server: Server, gen: LoadGenerator, w: Window, files: _Files, timeout
     return _Run(result, before, after)
 
 
+class TappedRequest(BaseModel):
+    """One line of the bench driver's per-request file: the prompt's digest and the request's
+    speculative-decoding metrics (vLLM's `metrics.speculative_decoding` usage chunk)."""
+
+    prompt_sha: str
+    spec: dict[str, Any]
+
+
 def request_stats(result: Mapping[str, Any], prompts: Sequence[str], tapped: Path
                   ) -> tuple[RequestStats, ...]:
     """Each request in dataset order: lengths and latency from bench's detailed result, and
@@ -364,9 +375,9 @@ def request_stats(result: Mapping[str, Any], prompts: Sequence[str], tapped: Pat
     spec: dict[str, list[dict[str, Any]]] = {}
     if tapped.is_file():
         for line in tapped.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                row = json.loads(line)
-                spec.setdefault(row["prompt_sha"], []).append(dict(row["spec"]))
+            with contextlib.suppress(ValidationError):  # a line cut short by a killed driver
+                row = TappedRequest.model_validate_json(line)
+                spec.setdefault(row.prompt_sha, []).append(row.spec)
     cols = [result.get(k) or [] for k in ("input_lens", "output_lens", "latencies", "ttfts")]
     out = []
     for i, (inp, outp, lat, ttft) in enumerate(zip(*cols, strict=False)):
@@ -415,10 +426,10 @@ def _status(w: Window, result: Mapping[str, Any], mismatches: Sequence[str]
 
 
 def measure_window(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window,
-                   point_dir: Path, timeout_s: float) -> Measurement:
+                   window_dir: Path, timeout_s: float) -> Measurement:
     """Run one window against a running server and turn it into a Measurement; a disk that
     refuses the window's files (full, over a size limit) fails it as `write_failed`."""
-    files = _Files(point_dir)
+    files = _Files(window_dir)
     artifacts: dict[str, Path] = {"bench_log": files.bench_log}
     if server.log_path is not None:
         artifacts["engine_log"] = server.log_path
@@ -452,12 +463,12 @@ def _measure(server: Server, gen: LoadGenerator, ec: EngineConfig, w: Window, fi
         artifacts["per_request"] = files.per_request
     prefix = run.prefix_cache
     atomic_write_json(files.counters, {
-        "before": run.before.spec.to_json() if run.before.spec else None,
-        "after": run.after.spec.to_json() if run.after.spec else None,
-        "delta": delta.to_json() if delta else None,
+        "before": as_json(run.before.spec) if run.before.spec else None,
+        "after": as_json(run.after.spec) if run.after.spec else None,
+        "delta": as_json(delta) if delta else None,
         # tokens of this window's prompts found in the prefix cache (the salt keeps other
         # windows' prompts out: hits come only from prefixes shared inside the window)
-        "prefix_cache": prefix.to_json() if prefix else None,
+        "prefix_cache": as_json(prefix) if prefix else None,
         "bench": {k: v for k, v in run.result.items() if k.startswith("spec_decode_")},
         "mismatches": mismatches,
         "per_request": per_request_check(requests, delta)

@@ -19,14 +19,14 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import httpx
 import psutil
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_incrementing
 
 from specflow.engine import forkserver
 from specflow.engine.forkserver import (
@@ -76,6 +76,9 @@ class EngineStartError(RuntimeError):
     def __init__(self, failure: EngineFailure):
         self.failure = failure
         super().__init__(f"{failure.kind}: {failure.message}")
+
+    def __reduce__(self) -> tuple[type[EngineStartError], tuple[EngineFailure]]:
+        return type(self), (self.failure,)  # (a task's exception crosses processes pickled)
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,15 +236,14 @@ def oom_kill_count() -> int | None:
 
 def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0
              ) -> tuple[int, str]:
-    """(status, body) of a GET; status 0 when the server cannot be reached."""
-    req = urllib.request.Request(url, headers=dict(headers or {}))
+    """(status, body) of a GET (the body only for a 2xx); status 0 when the server cannot be
+    reached."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # http(s): backend URLs
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, ""
-    except (urllib.error.URLError, OSError, ValueError):
+        resp = httpx.get(url, headers=dict(headers or {}), timeout=timeout,
+                         follow_redirects=True)
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError):
         return 0, ""
+    return resp.status_code, resp.text if resp.is_success else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,15 +405,19 @@ class LocalEngine(Server):
         """Why the engine is not serving now (process gone or unhealthy), or None."""
         if self.proc is None:
             return EngineFailure("start_failed", "the engine was never started")
-        status = 0
-        for attempt in range(3):  # a busy server may miss one poll; a dead one misses all
-            rc = self.proc.poll()
-            if rc is not None:
-                return self._exited(rc, starting=False)
-            status, _ = http_get(f"{self.base_url}/health", timeout=10.0)
-            if status == 200:
-                return None
-            time.sleep(1.0 + attempt)
+        proc = self.proc
+
+        def health() -> int:
+            return -1 if proc.poll() is not None else http_get(f"{self.base_url}/health",
+                                                                timeout=10.0)[0]
+
+        # a busy server may miss one poll (waits of 1 s, then 2 s); a dead one misses all
+        status = Retrying(retry=retry_if_result(lambda code: code not in (200, -1)),
+                          stop=stop_after_attempt(3), wait=wait_incrementing(1.0, 1.0),
+                          retry_error_callback=lambda state: state.outcome.result()
+                          if state.outcome else 0)(health)
+        if status == 200:
+            return None
         rc = self.proc.poll()
         if rc is not None:
             return self._exited(rc, starting=False)

@@ -22,6 +22,7 @@ from specflow.decision.compare import Change, Comparison, SweepSide
 from specflow.records.measurement import MEASUREMENT, Measurement
 from specflow.results.ledger import Ledger
 from specflow.spec.errors import Problem, SpecError
+from specflow.spec.serialize import as_json
 
 EXIT_REGRESSION = 3
 """Exit code of `compare` when some row regressed beyond noise."""
@@ -75,9 +76,9 @@ def _champion(ref: str, output_dir: Path, workdir: Path, what: str) -> SweepSide
 
 def _from_mlflow(ref: str, tracking_uri: str, workdir: Path) -> SweepSide | None:
     """The sweep of an MLflow parent run: its local ledger, else its logged windows."""
-    from specflow.results.tracking import KIND_TAG, SWEEP_TAG, _client
+    from specflow.results.tracking import KIND_TAG, SWEEP_TAG, mlflow_client
 
-    client = _client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     try:
         run = client.get_run(ref)
     except Exception:  # noqa: BLE001 - no such run or no store: not this kind of reference
@@ -143,16 +144,16 @@ def change_text(c: Change) -> str:
     return f"{c.change:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]"
 
 
-COLUMNS = ("class", "workload", "c", "engine", "metric", "A", "B", "B vs A", "verdict",
+COLUMNS = ("class", "workload", "c", "engine", "metric", "A", "B", "B vs A", "finding",
            "replicates")
 
 
 def rows(cmp: Comparison, *, all_positions: bool = True) -> list[tuple[str, ...]]:
-    """The table's rows; `all_positions=False` drops per-position rows with no verdict."""
+    """The table's rows; `all_positions=False` drops per-position rows with no finding."""
     return [(c.traffic_class, c.workload, str(c.concurrency), c.engine, c.label, _num(c, c.a),
-             _num(c, c.b), change_text(c), c.verdict, c.replicates) for c in cmp.changes
+             _num(c, c.b), change_text(c), c.finding, c.replicates) for c in cmp.changes
             if all_positions or c.metric != "acceptance at position"
-            or c.verdict in ("regression", "improvement")]
+            or c.finding in ("regression", "improvement")]
 
 
 def _context(cmp: Comparison) -> list[str]:
@@ -171,7 +172,7 @@ def markdown(cmp: Comparison) -> str:
     """The whole comparison as Markdown (every row, per-position acceptance included)."""
     out = [f"# {cmp.summary}", ""]
     out += [f"- {line}" for line in _context(cmp)]
-    out += ["", f"Intervals: {cmp.confidence:.0%}, two-sided; verdicts Holm-corrected over the "
+    out += ["", f"Intervals: {cmp.confidence:.0%}, two-sided; findings Holm-corrected over the "
             f"rows; a change within {cmp.tolerance:.0%} (ratios) or {cmp.tolerance:.2f} "
             "(acceptance at a position) is not a regression.", ""]
     out.append("| " + " | ".join(COLUMNS) + " |")
@@ -194,7 +195,7 @@ def print_table(cmp: Comparison, console: Any) -> None:
     for line in _context(cmp):
         console.print(escape(line))
     table = Table("class", "workload", "c", "engine", "metric", "A -> B", "B vs A",
-                  "verdict", "replicates")
+                  "finding", "replicates")
     style = {"regression": "red", "improvement": "green", "workload changed": "yellow"}
     for r in rows(cmp, all_positions=False):
         table.add_row(*map(escape, (*r[:5], f"{r[5]} -> {r[6]}", r[7], r[8], _short(r[9]))),
@@ -204,7 +205,7 @@ def print_table(cmp: Comparison, console: Any) -> None:
         console.print("* windows as replicates: an engine started once a side, so the interval "
                       "has no start effect in it")
     hidden = sum(1 for c in cmp.changes if c.metric == "acceptance at position"
-                 and c.verdict not in ("regression", "improvement"))
+                 and c.finding not in ("regression", "improvement"))
     if hidden:
         console.print(f"({hidden} per-position acceptance rows with no change: in the Markdown)")
     console.print(escape(cmp.summary))
@@ -216,14 +217,9 @@ def exit_code(cmp: Comparison) -> int:
     return 0 if cmp.compared else EXIT_NOT_COMPARABLE
 
 
-def to_json(cmp: Comparison) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {**asdict(cmp), "summary": cmp.summary}
-
-
 def dumps(cmp: Comparison) -> str:
-    return json.dumps(to_json(cmp), indent=2, default=str)
+    """The comparison as `--json` prints it (the record, with its summary)."""
+    return json.dumps(as_json(cmp), indent=2)
 
 
 __all__: Sequence[str] = ("EXIT_NOT_COMPARABLE", "EXIT_REGRESSION", "dumps", "exit_code",

@@ -109,11 +109,13 @@ NARROW = 100
 def _bands(rows: Sequence[Mapping[str, Any]]
            ) -> dict[tuple[str, str], tuple[Mapping[str, Any], list[Mapping[str, Any]]]]:
     """Per (traffic class, band), in the table's order: the row deployed (a candidate that
-    wins, the "off" row, or the "off" row marked unresolved) and all the band's rows."""
+    wins, else the "off" row: it wins, or it is open where the band is unresolved) and all the
+    band's rows."""
     out = {}
     for key in dict.fromkeys((r["traffic_class"], r["band"]) for r in rows):
         mine = [r for r in rows if (r["traffic_class"], r["band"]) == key]
-        out[key] = next(r for r in mine if r["verdict"] in ("wins", "unresolved")), mine
+        out[key] = next((r for r in mine if r["verdict"] == "wins"), None) or next(
+            r for r in mine if r["method"] == BASELINE_METHOD), mine
     return out
 
 
@@ -126,7 +128,7 @@ def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
         others = sorted((r for r in mine if r is not win and r["speedup"] is not None),
                         key=lambda r: -(r["lo"] or 0))
         best = others[0] if others else None
-        outcome = ("unresolved" if win["verdict"] == "unresolved"
+        outcome = ("unresolved" if win["verdict"] != "wins"
                    else "off" if win["method"] == BASELINE_METHOD else "promote")
         out.append({
             "class": cls, "band": band, "outcome": outcome,
@@ -154,8 +156,8 @@ def deploy_lines(rows: Sequence[Mapping[str, Any]],
     out = []
     for cls in dict.fromkeys(c for c, _ in bands):
         wins = [win for (c, _), (win, _) in bands.items() if c == cls]
-        if any(w["verdict"] == "unresolved" for w in wins):
-            out.append(f"{cls}: undecided: keep what is deployed now (the report says what "
+        if any(w["verdict"] != "wins" for w in wins):
+            out.append(f"{cls}: unresolved: keep what is deployed now (the report says what "
                        "would settle it)")
             continue
         if status.get(cls) == "refused":
@@ -242,22 +244,22 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
 
 
 def print_headroom(reports: Sequence[Headroom], out: Console) -> None:
-    """Per engine config: verdict, KV capacity and what the drafter costs; one breakdown per
+    """Per engine config: fit, KV capacity and what the drafter costs; one breakdown per
     drafter, with its fixes and the model's assumptions."""
     colors = {"fits": "green", "warn": "yellow", "refuse": "red"}
     summary = Table(title="headroom")
-    for col in ("engine config", "verdict", "KV tokens", "lost to drafter", "max conc. @ context",
+    for col in ("engine config", "fit", "KV tokens", "lost to drafter", "max conc. @ context",
                 "reason"):
         summary.add_column(col)
     for h in reports:
-        summary.add_row(h.engine, f"[{colors[h.verdict]}]{h.verdict}[/]", f"{h.capacity.tokens:,}",
+        summary.add_row(h.engine, f"[{colors[h.fit]}]{h.fit}[/]", f"{h.capacity.tokens:,}",
                         f"{h.drafter_cost_tokens:,} ({h.drafter_cost_percent:.1f}%)",
                         str(h.concurrency_at_context), "; ".join(h.reasons))
     shown: dict[str, Headroom] = {}
     for h in reports:  # one breakdown per distinct drafter (N changes only slots)
         shown.setdefault(h.engine.rsplit("-n", 1)[0], h)
     for h in shown.values():
-        table = Table(title=f"{h.engine}: {h.verdict}", title_justify="left")
+        table = Table(title=f"{h.engine}: {h.fit}", title_justify="left")
         table.add_column("item")
         table.add_column("value", justify="right")
         table.add_column("note")
@@ -292,8 +294,8 @@ def round_lines(progress: SearchState, names: Mapping[str, str]) -> list[str]:
             lines.append(f"  {b.traffic_class} {b.band}: {word}"
                          + (f" [{who}]" if who and b.status != "off" else "")
                          + (f"; {b.why}" if b.why else "")
-                         + ("; measured again on the next round's starts" if word == "open"
-                            else "")
+                         + ("; measured again on the next round's starts"
+                            if more and b.left_open else "")
                          + (f"; dropped {'; '.join(fresh)}" if fresh else ""))
             if r.index == 0:  # the probe round's chain checks
                 lines += [f"    {name(h)}'s series: {note}" for h, note in b.notes]

@@ -392,7 +392,7 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
     lines = [f"## Traffic class `{r.traffic_class}`", ""]
     undecided = [d.band.label for d in r.decisions if d.outcome == "unresolved"]
     if undecided:
-        lines.append(f"**Undecided: the champion is kept** (unresolved: band"
+        lines.append(f"**Unresolved: the champion is kept** (band"
                      f"{'s' * (len(undecided) > 1)} {', '.join(undecided)}; the other bands "
                      "are concluded below).")
     elif dep.outcome == "off":
@@ -407,8 +407,7 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
     lines += [f"- {x}" for x in (() if undecided else dep.reasons)] + [""]
     for d in r.decisions:
         q = d.winner.quality if d.winner else None
-        word = "promote" if d.outcome == "speculate" else d.outcome
-        lines.append(f"- band {d.band.label} (levels {list(d.levels)}): **{word}** — "
+        lines.append(f"- band {d.band.label} (levels {list(d.levels)}): **{d.outcome}** — "
                      + "; ".join(d.reasons))
         lines += [f"  - note: {n}" for n in d.notes]
         if q is not None:
@@ -494,7 +493,7 @@ def rounds_table(rounds: Sequence[Round], names: Mapping[str, str] | None = None
         words = [(b, b.word(more)) for b in r.states]
         states = "; ".join(f"{b.traffic_class} {b.band}: {word}"
                            + (f" ({', '.join(name(h) for h in b.contenders)})"
-                              if word in ("exploring", "confirming", "confirmed", "open") else "")
+                              if word in ("exploring", "confirming", "promote") else "")
                            for b, word in words)
         dropped = [f"{b.traffic_class} {b.band}: {name(h)} ({why})" for b in r.states
                    for h, why in b.dropped if (b.traffic_class, b.band, h) not in seen]

@@ -16,6 +16,7 @@ from typing import Any
 from specflow.champions.promote import Promotion
 from specflow.records.measurement import MEASUREMENT, Measurement
 from specflow.spec.compile import EngineConfig, SweepPlan
+from specflow.spec.serialize import as_json
 
 log = logging.getLogger("specflow.results.tracking")
 
@@ -24,7 +25,7 @@ WINDOW_TAG = "specflow.window_id"
 KIND_TAG = "specflow.kind"
 
 
-def _client(uri: str) -> Any:
+def mlflow_client(uri: str) -> Any:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -84,7 +85,7 @@ class Tracker:
         self.uri = uri
         self.experiment = experiment
         self.artifact_root = artifact_root
-        self.client = _client(uri)
+        self.client = mlflow_client(uri)
         self._experiment_id: str | None = None
 
     def check(self) -> None:
@@ -143,7 +144,7 @@ class Tracker:
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "config.yaml").write_text(config_yaml)
-            (Path(tmp) / "plan.json").write_text(json.dumps(plan.to_json(), indent=2))
+            (Path(tmp) / "plan.json").write_text(json.dumps(as_json(plan), indent=2))
             (Path(tmp) / "pins.json").write_text(json.dumps(pins, indent=2))
             for name in ("config.yaml", "plan.json", "pins.json"):
                 self.client.log_artifact(run_id, str(Path(tmp) / name))

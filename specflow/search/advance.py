@@ -16,17 +16,17 @@ from specflow.decision.choose import (
     starts_needed,
 )
 from specflow.decision.model import Analysis, Verdict
-from specflow.decision.race import BandState, Interval
+from specflow.decision.race import BandState, ContenderEstimate
 from specflow.records.measurement import Measurement
 from specflow.search import predict
 from specflow.search.budget import clear_leader, dominated
 from specflow.search.plan import (
     BandKey,
     Shape,
-    _fast,
     confirm_alpha,
     early_alpha,
     early_looks,
+    race_rules,
     split_baseline,
 )
 from specflow.spec.schema import PromoteSpec
@@ -40,11 +40,11 @@ def _band_estimates(result: Analysis) -> dict[BandKey, dict[str, Verdict]]:
             for r in result.classes for d in r.decisions}
 
 
-def _interval(v: Verdict) -> Interval | None:
+def _interval(v: Verdict) -> ContenderEstimate | None:
     if not v.speedups:
         return None
     w = min(v.speedups, key=lambda s: s.speedup.lo)
-    return Interval(w.speedup.value, w.speedup.lo, min(s.speedup.hi for s in v.speedups),
+    return ContenderEstimate(w.speedup.value, w.speedup.lo, min(s.speedup.hi for s in v.speedups),
                            f"{w.workload} c={w.concurrency}", w.starts)
 
 
@@ -62,13 +62,13 @@ def _drift_protected(result: Analysis, key: BandKey, verdicts: Mapping[str, obje
             and any(a < m.seq < b for a, b in steps)}
 
 
-def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+def after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                  states: dict[BandKey, BandState], data: Sequence[Measurement],
                  refused: frozenset[str], stage: Stage, index: int
                  ) -> dict[BandKey, BandState]:
     """The band states after an exploration or a confirmation round."""
     opening, later = split_baseline(data, shape.baseline)
-    result = analyze(opening, _fast(promote, shape.budget), closing_baseline=later,
+    result = analyze(opening, race_rules(promote, shape.budget), closing_baseline=later,
                      refused_by_headroom=refused, family="none", stage=stage, partial=True)
     verdicts = _band_estimates(result)
     out = dict(states)
@@ -84,7 +84,7 @@ def _after_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tup
         return out
     out = _confirm_step(shape, promote, states, verdicts)
     if open_after_exploring(states):  # ruling out may use every start, exploration's too
-        every = analyze(opening, _fast(promote, shape.budget), closing_baseline=later,
+        every = analyze(opening, race_rules(promote, shape.budget), closing_baseline=later,
                         refused_by_headroom=refused, family="none", partial=True)
         out = _rejudge_open(states, out, _band_estimates(every))
     return out
@@ -112,7 +112,7 @@ def _rejudge_open(before: Mapping[BandKey, BandState], after: dict[BandKey, Band
     return after
 
 
-def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+def after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                   states: dict[BandKey, BandState], data: Sequence[Measurement],
                   refused: frozenset[str], held: frozenset[str]
                   ) -> tuple[dict[BandKey, BandState], bool]:
@@ -123,7 +123,7 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     point is measured in every band. A band with nothing to add takes an ordinary exploration
     step. Returns the states and whether any band added a contender."""
     opening, later = split_baseline(data, shape.baseline)
-    result = analyze(opening, _fast(promote, shape.budget), closing_baseline=later,
+    result = analyze(opening, race_rules(promote, shape.budget), closing_baseline=later,
                      refused_by_headroom=refused, family="none", stage="explore", partial=True)
     verdicts = _band_estimates(result)
     windows: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
@@ -152,7 +152,7 @@ def _after_probes(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
                                promote.tie_tolerance)
         for h in sorted(band_held, key=shape.candidates.index):
             ch = shape.chains[h]
-            iv = _predicted(ch, vs.get(ch.probe), windows, bands[key], z,
+            iv = predicted_ratios(ch, vs.get(ch.probe), windows, bands[key], z,
                             shape.kv_capacity.get(h))
             if iv is None or ch.probe in broken:
                 pending.append(h)  # nothing to predict from, or not a chain: measure it
@@ -221,10 +221,10 @@ def _check_notes(checks: Mapping[str, Sequence[predict.ChainCheck]], broken: set
     return tuple(out)
 
 
-def _predicted(ch: predict.Chain, probe: Verdict | None,
+def predicted_ratios(ch: predict.Chain, probe: Verdict | None,
                windows: Mapping[tuple[str, str, int], Sequence[Measurement]],
                points: Sequence[tuple[str, int]], z: float, kv_capacity: int | None = None
-               ) -> Interval | None:
+               ) -> ContenderEstimate | None:
     """A held-back candidate's band interval predicted from its probe (its worst point, capped
     where its KV cache holds fewer requests than the level), or None where the probe has no
     usable estimate at every point of the band."""
@@ -240,7 +240,7 @@ def _predicted(ch: predict.Chain, probe: Verdict | None,
     worst = min(preds, key=lambda p: preds[p].lo)
     capped = preds[worst].kv_capacity
     where = f"{worst[0]} c={worst[1]}" + (f", KV holds {capped}" if capped else "")
-    return Interval(preds[worst].value, preds[worst].lo,
+    return ContenderEstimate(preds[worst].value, preds[worst].lo,
                            min(p.hi for p in preds.values()), where, 0)
 
 
@@ -316,7 +316,7 @@ def _explore_step(st: BandState, verdicts: Mapping[str, Verdict],
     threshold = 1 + promote.margin
     dropped = list(st.dropped)
     ruled = list(st.ruled_out)
-    estimates: dict[str, Interval] = {}
+    estimates: dict[str, ContenderEstimate] = {}
     for h in st.contenders:
         v = verdicts.get(h)
         gates = _gate_reasons(v) if v is not None else ""
@@ -421,7 +421,7 @@ def _confirm_early(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, t
         h, p, adjusted, m = tested[key]
         now = after[key]
         after[key] = replace(
-            now, status="confirmed", evidence="explore",
+            now, status="promote", evidence="explore",
             estimates={g: iv for g, iv in now.estimates.items() if g == h},
             why=f"confirmed on its exploration engine starts (p = {p:.2g} x {m} candidates "
                 f"= {adjusted:.2g} <= Holm's threshold over the race's {len(keys)} bands at "
@@ -459,7 +459,7 @@ def _confirm_step(shape: Shape, promote: PromoteSpec, states: Mapping[BandKey, B
         iv = _interval(v) if v is not None else None
         ests = {st.contenders[0]: iv} if iv is not None else {}
         if ok and not gate:
-            out[k] = replace(st, status="confirmed", looks=looks, estimates=ests,
+            out[k] = replace(st, status="promote", looks=looks, estimates=ests,
                              why=f"confirmed on fresh engine starts (p = {p:.2g} <= Holm's "
                                  f"threshold over {family} bands at alpha {alpha:.3g})")
         elif v is not None and v.ruled_out:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from specflow.decision.race import Interval
+from specflow.decision.race import ContenderEstimate
 from specflow.spec.schema import BudgetSpec
 from specflow.stats.replicates import Stage
 
@@ -30,7 +30,8 @@ class Spent:
 
 @dataclass(frozen=True)
 class PlannedStart:
-    """One engine start of the next round."""
+    """One engine start of a round: what it measures (`plan.EngineStart` adds its place in the
+    run order)."""
 
     engine_hash: str
     stage: Stage
@@ -39,7 +40,7 @@ class PlannedStart:
     repeats: int
 
 
-def dominated(estimates: Mapping[str, Interval]) -> dict[str, str]:
+def dominated(estimates: Mapping[str, ContenderEstimate]) -> dict[str, str]:
     """Contenders outranked: upper bound below another's lower bound (why, by hash)."""
     if not estimates:
         return {}
@@ -49,7 +50,7 @@ def dominated(estimates: Mapping[str, Interval]) -> dict[str, str]:
             for h, e in estimates.items() if e.hi < best_lo}
 
 
-def clear_leader(estimates: Mapping[str, Interval]) -> str | None:
+def clear_leader(estimates: Mapping[str, ContenderEstimate]) -> str | None:
     """The contender whose lower bound is above every other's upper bound, if any."""
     if not estimates:
         return None

@@ -16,7 +16,7 @@ from specflow.decision.bands import bands_for
 from specflow.decision.race import BandState
 from specflow.records.measurement import Measurement, WindowKey
 from specflow.search import predict
-from specflow.search.budget import Spent
+from specflow.search.budget import PlannedStart, Spent
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import BudgetSpec, PromoteSpec
 from specflow.stats.replicates import Stage, start_noise
@@ -80,13 +80,9 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class EngineStart:
+class EngineStart(PlannedStart):
     """One engine start of a round, placed in the run order."""
 
-    engine_hash: str
-    stage: Stage
-    points: tuple[tuple[str, int], ...]
-    repeats: int
     round: int
     seq: int
     start: int
@@ -119,7 +115,7 @@ def spent_by(ms: Sequence[Measurement]) -> Spent:
     return Spent(seconds, sum(len(w) for w in per_start.values()), len(per_start))
 
 
-def _costs(ms: Sequence[Measurement], shape: Shape) -> tuple[float, float]:
+def observed_costs(ms: Sequence[Measurement], shape: Shape) -> tuple[float, float]:
     """Observed seconds per engine start (overhead) and per window, or the shape's defaults."""
     durations = [m.duration_s for m in ms if m.ok and m.duration_s > 0]
     window_s = sum(durations) / len(durations) if durations else shape.window_s
@@ -133,7 +129,7 @@ def _costs(ms: Sequence[Measurement], shape: Shape) -> tuple[float, float]:
     return start_s, window_s
 
 
-def _band_keys(shape: Shape, promote: PromoteSpec) -> dict[BandKey, tuple[tuple[str, int], ...]]:
+def band_keys(shape: Shape, promote: PromoteSpec) -> dict[BandKey, tuple[tuple[str, int], ...]]:
     """Every (class, band) with its points."""
     bands, _, _ = bands_for(promote, shape.concurrency)
     out = {}
@@ -144,12 +140,12 @@ def _band_keys(shape: Shape, promote: PromoteSpec) -> dict[BandKey, tuple[tuple[
     return out
 
 
-def _place(plan: Sequence[tuple[str, Stage, tuple[tuple[str, int], ...], int]],
-           index: int, seq: int, blocks: Counter[str]) -> tuple[EngineStart, ...]:
+def place_starts(plan: Sequence[tuple[str, Stage, tuple[tuple[str, int], ...], int]],
+           index: int, seq: int, started: Counter[str]) -> tuple[EngineStart, ...]:
     out = []
     for h, stage, points, repeats in plan:
-        out.append(EngineStart(h, stage, points, repeats, index, seq, blocks[h]))
-        blocks[h] += 1
+        out.append(EngineStart(h, stage, points, repeats, index, seq, started[h]))
+        started[h] += 1
         seq += 1
     return tuple(out)
 
@@ -163,7 +159,7 @@ def split_baseline(data: Sequence[Measurement], baseline: str
     return opening, later
 
 
-def _fast(promote: PromoteSpec, budget: BudgetSpec | None = None) -> PromoteSpec:
+def race_rules(promote: PromoteSpec, budget: BudgetSpec | None = None) -> PromoteSpec:
     """The rules the race decides under, with the display-only throughput bootstrap at its
     minimum: the race reads speedups and gates, never the throughput intervals. With `budget`:
     one look's share of the futility error (`look_futility`)."""
@@ -210,14 +206,14 @@ def final_rules(promote: PromoteSpec) -> PromoteSpec:
     return promote.model_copy(update={"futility": promote.futility / 2})
 
 
-def _windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
+def windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
     """Windows per engine start for the next round: the cost-optimal number for the noise
     measured so far (median over points), between `repeats` and `budget.max_repeats`."""
     cap = shape.budget.max_repeats or 4 * shape.repeats
-    blocks = usable_starts(data)
-    start_s, window_s = _costs(data, shape)
+    per_point = usable_starts(data)
+    start_s, window_s = observed_costs(data, shape)
     best = [start_noise(bs, shape.baseline).windows_per_start(start_s, window_s)
-            for bs in blocks.values()]
+            for bs in per_point.values()]
     if not best:
         return shape.repeats
     m = float(np.median(best))

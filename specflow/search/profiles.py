@@ -21,7 +21,7 @@ from scipy import stats
 from specflow.decision.requests import buckets, ratio_interval
 from specflow.records.measurement import Measurement
 from specflow.search import predict
-from specflow.spec.profile import AcceptanceProfile, Band, CurvePoint, LengthBin
+from specflow.spec.profile import AcceptanceProfile, CurvePoint, Interval, LengthBin
 from specflow.stats.critical import t_value, z_value
 from specflow.stats.intervals import seeded_rng
 
@@ -30,13 +30,13 @@ HISTOGRAM_STEP = 0.5
 
 
 def _band(value: float, se: float, df: int, confidence: float, top: float = math.inf
-          ) -> Band:
+          ) -> Interval:
     half = t_value(confidence, df) * se if df >= 1 else 0.0
-    return Band(value=round(value, 4), lo=round(max(0.0, value - half), 4),
+    return Interval(value=round(value, 4), lo=round(max(0.0, value - half), 4),
                 hi=round(min(top, value + half), 4))
 
 
-def _rates(probe: predict.Acceptance, confidence: float) -> tuple[Band, ...]:
+def _rates(probe: predict.Acceptance, confidence: float) -> tuple[Interval, ...]:
     k = len(probe.windows)
     out = []
     for i, rate in enumerate(probe.rates):
@@ -67,7 +67,7 @@ def _by_length(windows: Sequence[Measurement], confidence: float, key: str
                              np.array([r.spec_steps or 0 for r in mine], dtype=float), rng,
                              confidence)
         out.append(LengthBin(prompt_tokens=b.label, requests=len(mine), acceptance_length=None
-                             if est is None else Band(value=round(1 + est.value, 4),
+                             if est is None else Interval(value=round(1 + est.value, 4),
                                                       lo=round(1 + est.lo, 4),
                                                       hi=round(1 + est.hi, 4))))
     return tuple(out)
@@ -87,7 +87,7 @@ def _curve(accs: Mapping[int, predict.Acceptance], n_max: int, chain: bool, conf
         predicted = None
         if chain:
             allowed = z * probe.mal_se(n) + predict.CHAIN_TOLERANCE * probe.mal(n)
-            predicted = Band(value=round(probe.mal(n), 4),
+            predicted = Interval(value=round(probe.mal(n), 4),
                              lo=round(max(1.0, probe.mal(n) - allowed), 4),
                              hi=round(min(n + 1.0, probe.mal(n) + allowed), 4))
             check = (predict.check_chain(probe, acc, n, n_max, z)

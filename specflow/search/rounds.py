@@ -22,25 +22,25 @@ from specflow.decision.choose import rule_out_level
 from specflow.decision.model import AnalysisError
 from specflow.decision.race import BandState
 from specflow.records.measurement import Measurement
-from specflow.search.advance import _after_probes, _after_round, open_after_exploring
+from specflow.search.advance import after_probes, after_round, open_after_exploring
 from specflow.search.budget import PlannedStart, Spent, round_cost
 from specflow.search.plan import (
     BandKey,
     Round,
     Shape,
-    _band_keys,
-    _costs,
-    _place,
-    _windows_per_start,
+    band_keys,
     confirm_alpha,
     final_rules,
+    observed_costs,
+    place_starts,
     spent_by,
+    windows_per_start,
 )
 from specflow.search.schedules import (
     ScheduleCheck,
-    _check_schedules,
-    _pending_schedules,
-    _schedule_round,
+    check_emitted_schedules,
+    pending_schedules,
+    schedule_round,
 )
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import PromoteSpec
@@ -72,17 +72,17 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
            refused: frozenset[str] = frozenset()) -> SearchState:
     """Replay the finished rounds from the records and find the round to run now."""
     recorded = {m.key.id for m in measurements}
-    bands = _band_keys(shape, promote)
-    held = _held_back(shape, refused)
+    bands = band_keys(shape, promote)
+    held = held_back(shape, refused)
     alive = tuple(h for h in shape.candidates if h not in refused and h not in held)
     states: dict[BandKey, BandState] = {
         k: BandState(k[0], k[1], "exploring" if alive else "off", alive,
                             tuple((h, "refused by the headroom check") for h in shape.candidates
                                   if h in refused))
         for k in bands}
-    plan = _first_round(shape, alive, held)
+    plan = first_round(shape, alive, held)
     rounds: list[Round] = []
-    blocks: Counter[str] = Counter()
+    started: Counter[str] = Counter()
     seq, index, stage = 0, 0, plan[0][1] if plan else "explore"
     total = Spent()
     checks: dict[str, ScheduleCheck] = {}
@@ -90,7 +90,7 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
     derived: dict[str, EngineConfig] = {}
     probe_rounds = 0  # 1 once the probe round added predicted contenders (not a racing round)
     while plan:
-        starts = _place(plan, index, seq, blocks)
+        starts = place_starts(plan, index, seq, started)
         seq += len(starts)
         current = Round(index, stage, starts)
         if any(k.id not in recorded for s in starts for k in s.window_keys()):
@@ -103,29 +103,29 @@ def replay(shape: Shape, promote: PromoteSpec, measurements: Sequence[Measuremen
         decided = [m for m in data if m.stage != "schedule"]
         try:
             if stage == "schedule":
-                checks = _check_schedules(shape, promote, pending, data)
+                checks = check_emitted_schedules(shape, promote, pending, data)
             elif held and index == 0:
-                states, added = _after_probes(shape, promote, bands, states, decided, refused,
+                states, added = after_probes(shape, promote, bands, states, decided, refused,
                                               held)
                 probe_rounds = int(added)
             else:
-                states = _after_round(shape, promote, bands, states, decided, refused, stage,
+                states = after_round(shape, promote, bands, states, decided, refused, stage,
                                       index - probe_rounds)
             # right after the probe round, only the contenders it added are started: the probes
             # already have their start, and the race re-measures every contender only in a
             # further round (max_rounds), as it does any candidate
-            stage, plan = _next_round(shape, promote, bands, states, decided, index + 1,
+            stage, plan = next_round(shape, promote, bands, states, decided, index + 1,
                                       new_only=index == 0 and probe_rounds == 1)
             if not plan and not checks and shape.engines:
-                pending = _pending_schedules(shape, promote, states, decided, refused)
-                stage, plan = "schedule", _schedule_round(shape, pending.values(), decided)
+                pending = pending_schedules(shape, promote, states, decided, refused)
+                stage, plan = "schedule", schedule_round(shape, pending.values(), decided)
                 derived = {c.engine_hash: e for c, e in pending.values()}
         except AnalysisError as exc:
             rounds.append(replace(current, states=tuple(states.values()), spent=total))
             return SearchState(tuple(rounds), None, states, total, tuple(exc.problems),
                             checks, derived)
         if plan:
-            plan, cost = _affordable(shape, stage, plan, total, _costs(data, shape),
+            plan, cost = _affordable(shape, stage, plan, total, observed_costs(data, shape),
                                      _open_contenders(states))
             if cost is not None:
                 states = _out_of_budget(states, total, cost)
@@ -198,7 +198,7 @@ def _open_contenders(states: Mapping[BandKey, BandState]) -> frozenset[str]:
                      if h not in winners)
 
 
-def _held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
+def held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
     """Candidates an adaptive search does not measure in its first round: those predicted from
     a probe that the headroom check let start (a series' chain check is measured beside its
     probe, at `Shape.check_points`)."""
@@ -208,7 +208,7 @@ def _held_back(shape: Shape, refused: frozenset[str]) -> frozenset[str]:
                      if h not in refused and ch.probe not in refused and not ch.check)
 
 
-def _first_round(shape: Shape, alive: Sequence[str], held: frozenset[str] = frozenset()
+def first_round(shape: Shape, alive: Sequence[str], held: frozenset[str] = frozenset()
                  ) -> list[tuple[str, Stage, tuple[tuple[str, int], ...], int]]:
     """Grid: baseline, every candidate, closing baseline. Race: the same with a baseline start
     after every `baseline_every` candidates (an adaptive search holds back the candidates it
@@ -239,13 +239,13 @@ def _with_baselines(cands: list, base: tuple, every: int, *, opening: bool) -> l
     return out
 
 
-def _next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
+def next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple],
                 states: Mapping[BandKey, BandState], data: Sequence[Measurement],
                 index: int, new_only: bool = False) -> tuple[Stage, list]:
     """Exploration while any band explores (contenders only, at their bands' points; with
     `new_only`, only those not measured yet); then one confirmation look for every selected
     winner, against the look's own baseline starts (`confirm_plan`)."""
-    repeats = _windows_per_start(shape, data)
+    repeats = windows_per_start(shape, data)
     exploring = {k: st for k, st in states.items() if st.status == "exploring"}
     if exploring:
         per: dict[str, set[tuple[str, int]]] = defaultdict(set)
@@ -362,7 +362,7 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     budget = shape.budget
     alpha = confirm_alpha(promote, budget) / max(1, len(confirming))
     z_alpha, z_power = z_upper(alpha), z_upper(0.1)
-    blocks = usable_starts(data)
+    per_point = usable_starts(data)
     cap = budget.max_confirm_starts
     if cap is None:
         cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)
@@ -377,7 +377,7 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
         if gap <= 0:
             continue  # a marginal selection: the smallest look, not the largest
         for point in bands[key]:
-            noise = start_noise(blocks.get(point, []), shape.baseline)
+            noise = start_noise(per_point.get(point, []), shape.baseline)
             # sized on the 80% upper bound of the start variance: it rests on few starts, and
             # an estimate near 0 would size a look with no power against a start effect
             start_var = noise.start_var_upper(0.8)

@@ -12,7 +12,7 @@ from specflow.decision.choose import analyze
 from specflow.decision.model import Analysis
 from specflow.decision.race import BandState
 from specflow.records.measurement import Measurement
-from specflow.search.plan import BandKey, Shape, _fast, _windows_per_start, split_baseline
+from specflow.search.plan import BandKey, Shape, race_rules, split_baseline, windows_per_start
 from specflow.spec.compile import EngineConfig, with_schedule
 from specflow.spec.schema import PromoteSpec
 from specflow.stats.replicates import contrast, start_noise
@@ -58,12 +58,12 @@ def _n_at(schedule: Sequence[Sequence[int]], c: int) -> int:
     return next((n for a, b, n in schedule if a <= c <= b), 0)
 
 
-def _pending_schedules(shape: Shape, promote: PromoteSpec,
+def pending_schedules(shape: Shape, promote: PromoteSpec,
                        states: Mapping[BandKey, BandState], data: Sequence[Measurement],
                        refused: frozenset[str]) -> dict[str, tuple[ScheduleCheck, EngineConfig]]:
     """The classes whose decided deployment is an N schedule, with the engine it deploys as."""
     opening, later = split_baseline(data, shape.baseline)
-    result = analyze(opening, _fast(promote), closing_baseline=later,
+    result = analyze(opening, race_rules(promote), closing_baseline=later,
                               refused_by_headroom=refused, race=dict(states))
     out = {}
     for r in result.classes:
@@ -77,7 +77,7 @@ def _pending_schedules(shape: Shape, promote: PromoteSpec,
     return out
 
 
-def _schedule_round(shape: Shape, pending: Iterable[tuple[ScheduleCheck, EngineConfig]],
+def schedule_round(shape: Shape, pending: Iterable[tuple[ScheduleCheck, EngineConfig]],
                     data: Sequence[Measurement]) -> list:
     """Each schedule engine started `confirm_starts` times (at least twice) at the levels around
     its thresholds, with baseline starts at the same points around every start."""
@@ -88,7 +88,7 @@ def _schedule_round(shape: Shape, pending: Iterable[tuple[ScheduleCheck, EngineC
                                    if cls == c.traffic_class for lvl in c.levels)
               for c, _ in pending}
     every = tuple(sorted({p for ps in points.values() for p in ps}))
-    repeats = _windows_per_start(shape, data)
+    repeats = windows_per_start(shape, data)
     base = (shape.baseline, "schedule", every, repeats)
     plan = [base]
     for _ in range(max(2, shape.budget.confirm_starts)):
@@ -97,17 +97,17 @@ def _schedule_round(shape: Shape, pending: Iterable[tuple[ScheduleCheck, EngineC
     return plan
 
 
-def _check_schedules(shape: Shape, promote: PromoteSpec,
+def check_emitted_schedules(shape: Shape, promote: PromoteSpec,
                      pending: Mapping[str, tuple[ScheduleCheck, EngineConfig]],
                      data: Sequence[Measurement]) -> dict[str, ScheduleCheck]:
     """A schedule fails where it falls short beyond noise: its upper bound below 1 + margin at
     a level where it speculates (what its bands were promoted on), below 1 - margin where its N
     is 0 (the drafter is loaded but idle there)."""
-    blocks = usable_starts(m for m in data if m.stage == "schedule")
+    per_point = usable_starts(m for m in data if m.stage == "schedule")
     out = {}
     for cls, (check, _) in pending.items():
         pts, losses = [], []
-        for (w, c), bs in sorted(blocks.items()):
+        for (w, c), bs in sorted(per_point.items()):
             if shape.workloads.get(w) != cls or c not in check.levels:
                 continue
             noise = start_noise(bs, shape.baseline)

@@ -161,11 +161,11 @@ def fixed_round(shape: Shape, copies: int, closing: bool) -> Round:
     """Uniform repeats in one round: (baseline, every candidate) x copies, then a closing
     baseline start when `closing`, in run order."""
     starts: list[EngineStart] = []
-    blocks: Counter[str] = Counter()
+    started: Counter[str] = Counter()
 
     def add(h: str, repeats: int) -> None:
-        starts.append(EngineStart(h, "explore", shape.points, repeats, 0, len(starts), blocks[h]))
-        blocks[h] += 1
+        starts.append(EngineStart(h, "explore", shape.points, repeats, 0, len(starts), started[h]))
+        started[h] += 1
 
     for _ in range(copies):
         add(shape.baseline, shape.repeats)

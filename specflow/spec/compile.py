@@ -11,12 +11,15 @@ import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, computed_field
 
 from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
 from specflow.spec.methods import METHODS, MethodInfo
 from specflow.spec.profile import SYNTHETIC_RATES, apply_profile, check_synthetic
 from specflow.spec.schema import Checkpoint, DrafterSpec, Spec, TargetSpec
+from specflow.spec.serialize import as_json
 
 NGRAM_DEFAULT_LOOKUP = 5
 """vLLM's prompt_lookup_min/max when neither is given."""
@@ -48,10 +51,11 @@ class EngineConfig:
     """`vllm serve` argv, starting with `vllm`; host and port are added by the runner."""
     lookahead_slots: int
     """KV slots each running request reserves for drafting."""
-    checkpoint: str | None = None
-    """Drafter weights (hub id or directory), if any."""
-    checkpoint_revision: str | None = None
-    """Pinned revision of the drafter weights."""
+    checkpoint: Annotated[str | None, Field(exclude=True)] = None
+    """Drafter weights (hub id or directory), if any (in the JSON through the speculative
+    config)."""
+    checkpoint_revision: Annotated[str | None, Field(exclude=True)] = None
+    """Pinned revision of the drafter weights (likewise)."""
 
     @property
     def adaptive(self) -> bool:
@@ -64,23 +68,12 @@ class EngineConfig:
         adaptive verification (another engine per N, deployed on its own)."""
         return f"{self.drafter}+adaptive" if self.adaptive else self.drafter
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def hash(self) -> str:
         """Stable content hash of what defines the engine (argv, which embeds the spec config)."""
         blob = json.dumps(list(self.serve_argv), separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "hash": self.hash,
-            "drafter": self.drafter,
-            "method": self.method,
-            "num_speculative_tokens": self.num_speculative_tokens,
-            "lookahead_slots": self.lookahead_slots,
-            "speculative_config": self.speculative_config,
-            "serve_argv": list(self.serve_argv),
-        }
 
 
 def with_schedule(ec: EngineConfig, schedule: Sequence[Sequence[int]]) -> EngineConfig:
@@ -111,6 +104,7 @@ class SweepPlan:
     repeats: int
     warnings: tuple[str, ...] = field(default=())
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def num_windows(self) -> int:
         """Measured windows: engine configs x workloads x concurrency levels x repeats."""
@@ -118,23 +112,16 @@ class SweepPlan:
 
     @property
     def hash(self) -> str:
-        blob = json.dumps(self.to_json(include_hash=False), sort_keys=True, separators=(",", ":"))
+        """Stable content hash of the plan (its JSON without the hash itself)."""
+        blob = json.dumps(as_json(self, exclude={"plan_hash"}), sort_keys=True,
+                          separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def to_json(self, include_hash: bool = True) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "target": self.target,
-            "hardware": self.hardware,
-            "workloads": list(self.workloads),
-            "concurrency": list(self.concurrency),
-            "repeats": self.repeats,
-            "num_windows": self.num_windows,
-            "engine_configs": [e.to_json() for e in self.engine_configs],
-            "warnings": list(self.warnings),
-        }
-        if include_hash:
-            out["plan_hash"] = self.hash
-        return out
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def plan_hash(self) -> str:
+        """`hash`, as the JSON names it."""
+        return self.hash
 
 
 # --------------------------------------------------------------------------------------------

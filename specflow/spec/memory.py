@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import computed_field
+
 from specflow.spec import hfcache
 from specflow.spec.compile import EngineConfig
 from specflow.spec.methods import METHODS
@@ -326,7 +328,7 @@ class Headroom:
     """Whether an engine config fits, and what its drafter costs."""
 
     engine: str
-    verdict: Fit
+    fit: Fit
     reasons: tuple[str, ...]
     fixes: tuple[str, ...]
     rows: tuple[Row, ...]
@@ -345,29 +347,22 @@ class Headroom:
     lookahead_slots: int
     assumptions: tuple[str, ...] = field(default=ASSUMPTIONS)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def kv_tokens(self) -> int:
+        """KV cache tokens with the drafter (`capacity.tokens`)."""
+        return self.capacity.tokens
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def drafter_cost_tokens(self) -> int:
         return self.capacity_without_drafter.tokens - self.capacity.tokens
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def drafter_cost_percent(self) -> float:
         base = self.capacity_without_drafter.tokens
-        return 100.0 * self.drafter_cost_tokens / base if base else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine, "verdict": self.verdict, "reasons": list(self.reasons),
-            "fixes": list(self.fixes), "kv_cache_bytes": self.kv_cache_bytes,
-            "kv_tokens": self.capacity.tokens, "kv_tokens_without_drafter":
-                self.capacity_without_drafter.tokens,
-            "drafter_cost_tokens": self.drafter_cost_tokens,
-            "drafter_cost_percent": round(self.drafter_cost_percent, 2),
-            "max_concurrency_at_context": self.concurrency_at_context,
-            "max_concurrency_at_context_without_drafter":
-                self.concurrency_at_context_without_drafter,
-            "context_len": self.context_len,
-            "breakdown": [{"item": r.item, "value": r.value, "note": r.note} for r in self.rows],
-        }
+        return round(100.0 * self.drafter_cost_tokens / base, 2) if base else 0.0
 
 
 def weight_bytes(num_params: float, arch: Architecture, dtype: str,
@@ -415,7 +410,7 @@ def target_arch(spec: Spec) -> Architecture:
 
 
 # --------------------------------------------------------------------------------------------
-# Headroom, step by step: draft share -> reserve -> per-rank memory -> KV capacity -> verdict
+# Headroom, step by step: draft share -> reserve -> per-rank memory -> KV capacity -> fit
 
 
 @dataclass(frozen=True)
@@ -594,7 +589,7 @@ def _capacity(spec: Spec, ec: EngineConfig, mem: _Memory) -> _Capacity:
 
 
 def _memory_notes(mem: _Memory, device_free_bytes: int | None) -> list[str]:
-    """What is worth knowing whatever the verdict: uncounted drafter, overflow, a busy device."""
+    """What is worth knowing whatever the fit: uncounted drafter, overflow, a busy device."""
     notes = [mem.draft.note] if mem.draft.note else []
     if mem.fixed_kv is not None and mem.fixed_kv_overflows:
         notes.append(f"weights + reserve + the fixed KV cache ({_gib(mem.paid + mem.fixed_kv)}) "
@@ -619,7 +614,7 @@ def _load_warnings(spec: Spec, cap: _Capacity) -> list[str]:
     return []
 
 
-def _verdict(spec: Spec, mem: _Memory, cap: _Capacity, notes: Sequence[str], busy: bool
+def _fit(spec: Spec, mem: _Memory, cap: _Capacity, notes: Sequence[str], busy: bool
              ) -> tuple[Fit, list[str]]:
     """fits, warn or refuse, with every reason (a refusal's own cause first)."""
     L = spec.target.max_model_len
@@ -638,16 +633,16 @@ def _verdict(spec: Spec, mem: _Memory, cap: _Capacity, notes: Sequence[str], bus
 
 def headroom(spec: Spec, ec: EngineConfig, *, device_total_bytes: int | None = None,
              device_free_bytes: int | None = None) -> Headroom:
-    """Memory breakdown and verdict for one engine config on spec.hardware."""
+    """Memory breakdown and fit for one engine config on spec.hardware."""
     mem = _memory(spec, ec, device_total_bytes)
     cap = _capacity(spec, ec, mem)
     busy = device_free_bytes is not None and device_free_bytes < mem.budget
-    verdict, reasons = _verdict(spec, mem, cap, _memory_notes(mem, device_free_bytes), busy)
-    fixes = _fixes(spec, ec, mem, cap.with_drafter) if verdict != "fits" else []
+    fit, reasons = _fit(spec, mem, cap, _memory_notes(mem, device_free_bytes), busy)
+    fixes = _fixes(spec, ec, mem, cap.with_drafter) if fit != "fits" else []
     rows = (*_memory_rows(spec, ec, mem, probed=bool(device_total_bytes)),
             *_kv_rows(spec, mem, cap))
     return Headroom(
-        engine=ec.name, verdict=verdict, reasons=tuple(reasons), fixes=tuple(fixes), rows=rows,
+        engine=ec.name, fit=fit, reasons=tuple(reasons), fixes=tuple(fixes), rows=rows,
         memory_per_device_bytes=mem.total, target_weight_bytes=mem.target_weights,
         draft_weight_bytes=mem.draft.weight_bytes, reserve_bytes=mem.reserve.total,
         kv_cache_bytes=mem.kv_with,

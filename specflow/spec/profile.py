@@ -29,7 +29,7 @@ class _Profile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Band(_Profile):
+class Interval(_Profile):
     """A value with its interval (95% unless the profile says otherwise)."""
 
     value: float
@@ -42,8 +42,8 @@ class CurvePoint(_Profile):
     (a chain's first N rates); either may be absent."""
 
     n: int = Field(ge=1)
-    measured: Band | None = None
-    predicted: Band | None = None
+    measured: Interval | None = None
+    predicted: Interval | None = None
 
 
 class LengthBin(_Profile):
@@ -52,7 +52,7 @@ class LengthBin(_Profile):
     prompt_tokens: str
     """The bin, e.g. `<= 96` or `97-180`."""
     requests: int
-    acceptance_length: Band | None
+    acceptance_length: Interval | None
 
 
 class AcceptanceProfile(_Profile):
@@ -75,7 +75,7 @@ class AcceptanceProfile(_Profile):
     confidence: float = 0.95
     n_max: int = Field(ge=1)
     """The largest N measured: `rates` are its per-position unconditional acceptance rates."""
-    rates: tuple[Band, ...]
+    rates: tuple[Interval, ...]
     """Per position i: the share of drafts whose first i + 1 tokens were accepted (vLLM's
     per-position counters over drafts), pooled over the class's windows at N = n_max."""
     curve: tuple[CurvePoint, ...]

@@ -350,10 +350,10 @@ def screen_slowed(points: Mapping[Point, Sequence[StartWindows]]
     check already carry.
 
     Second pass (`_slowed_together`): when outside load slows most of a start's windows at one
-    point (two of three: one block in ~140 at 5% of windows hit), their median is slowed too and
-    the first pass sees nothing. Such a point sits far below the level its start keeps at its
-    other points, against what the config's other starts show there; its windows are then
-    compared with the start's fastest one there instead, on the same scale and threshold."""
+    point (two of three: one engine start in ~140 at 5% of windows hit), their median is slowed
+    too and the first pass sees nothing. Such a point sits far below the level its start keeps
+    at its other points, against what the config's other starts show there; its windows are
+    then compared with the start's fastest one there instead, on the same scale and threshold."""
     kept, slowed, scales = _screen_pass(points, {})
     rest, more, _ = _screen_pass(kept, scales, _slowed_together(kept))
     return rest, [*slowed, *more]
@@ -365,19 +365,19 @@ def _screen_pass(points: Mapping[Point, Sequence[StartWindows]],
                  ) -> tuple[dict[Point, list[StartWindows]], list[Slowed],
                             dict[tuple[Point, int], float]]:
     """One pass of `screen_slowed`: the first (`together` None) against each start's median,
-    with the scales it measures; the second against the fastest window of the `together` blocks
-    only, at the first pass's `scales` (a block's windows are the first pass's survivors, in
-    the same order)."""
-    resid: list[tuple[Point, int, int, float]] = []  # (point, block index, window index, r)
+    with the scales it measures; the second against the fastest window of the `together` engine
+    starts only, at the first pass's `scales` (an engine start's windows are the first pass's
+    survivors, in the same order)."""
+    resid: list[tuple[Point, int, int, float]] = []  # (point, engine start index, window index, r)
     for point, starts in points.items():
-        for b, block in enumerate(starts):
+        for b, sw in enumerate(starts):
             if together is not None:
                 if (point, b) in together:
-                    top = max(block.logs)
-                    resid += [(point, b, i, x - top) for i, x in enumerate(block.logs)]
-            elif block.m >= 2:  # (statistics.median: numpy's costs more than a start's windows)
-                mid = statistics.median(block.logs)
-                resid += [(point, b, i, x - mid) for i, x in enumerate(block.logs)]
+                    top = max(sw.logs)
+                    resid += [(point, b, i, x - top) for i, x in enumerate(sw.logs)]
+            elif sw.m >= 2:  # (statistics.median: numpy's costs more than a start's windows)
+                mid = statistics.median(sw.logs)
+                resid += [(point, b, i, x - mid) for i, x in enumerate(sw.logs)]
     if together is None:
         by_point: dict[Point, list[float]] = defaultdict(list)
         by_config: dict[str, list[float]] = defaultdict(list)
@@ -389,8 +389,8 @@ def _screen_pass(points: Mapping[Point, Sequence[StartWindows]],
         # a config's own scale from fewer residuals is moved too much by the slowed ones themselves
         config_scale = {k: _robust_scale(v, 2 * MIN_RESIDUALS) for k, v in by_config.items()}
         scales = {(point, b): max(point_scale.get(point, 0.0),
-                                  config_scale.get(block.engine_hash, 0.0))
-                  for point, starts in points.items() for b, block in enumerate(starts)}
+                                  config_scale.get(sw.engine_hash, 0.0))
+                  for point, starts in points.items() for b, sw in enumerate(starts)}
     drop: dict[tuple[Point, int], dict[int, float]] = defaultdict(dict)  # window: residual
     for point, b, i, r in resid:
         scale = scales.get((point, b), 0.0)
@@ -398,38 +398,39 @@ def _screen_pass(points: Mapping[Point, Sequence[StartWindows]],
             drop[(point, b)][i] = r
     slowed = []
     for (point, b), gone in sorted(drop.items()):
-        block = points[point][b]
+        sw = points[point][b]
         for i, r in sorted(gone.items()):
             ref = statistics.median(  # its start's other windows (together: those left in)
-                [x for j, x in enumerate(block.logs) if j != i and (together is None
+                [x for j, x in enumerate(sw.logs) if j != i and (together is None
                                                                     or j not in gone)])
-            slowed.append(Slowed(point, block.engine_hash, block.start,
-                                 block.repeats[i] if block.repeats else i,
-                                 math.exp(block.logs[i] - ref), r / scales[(point, b)],
+            slowed.append(Slowed(point, sw.engine_hash, sw.start,
+                                 sw.repeats[i] if sw.repeats else i,
+                                 math.exp(sw.logs[i] - ref), r / scales[(point, b)],
                                  together is not None))
-    out = {point: [_without(block, drop[(point, b)]) if (point, b) in drop else block
-                   for b, block in enumerate(starts)] for point, starts in points.items()}
+    out = {point: [_without(sw, drop[(point, b)]) if (point, b) in drop else sw
+                   for b, sw in enumerate(starts)] for point, starts in points.items()}
     return out, slowed, dict(scales)
 
 
 def _slowed_together(points: Mapping[Point, Sequence[StartWindows]]
                      ) -> set[tuple[Point, int]]:
-    """The blocks (point, index) whose start's median there sits more than `SLOWED_Z` robust
+    """The engine starts (point, index) whose start's median there sits more than `SLOWED_Z` robust
     SDs below the level the start keeps at its other points, given the config's other starts.
 
-    Per config, a two-way robust fit of its blocks' medians (log throughput): a point's centre,
-    the median over the config's starts that measured it (at least two); a start's level, the
-    median of its medians' distances to those centres (at least three points, so that one
-    slowed point does not set it). A block's interaction is its distance less its start's
-    level: what is left once the start's effect (drift included) and the point's are taken
-    out. Its scale is the normal-consistent MAD of every config's nonzero interactions (at least
-    `MIN_RESIDUALS`). One-sided: a start's point that runs fast is never a finding."""
+    Per config, a two-way robust fit of its engine starts' medians (log throughput): a point's
+    centre, the median over the config's starts that measured it (at least two); a start's
+    level, the median of its medians' distances to those centres (at least three points, so
+    that one slowed point does not set it). An engine start's interaction is its distance less
+    its start's level: what is left once the start's effect (drift included) and the point's
+    are taken out. Its scale is the normal-consistent MAD of every config's nonzero
+    interactions (at least `MIN_RESIDUALS`). One-sided: a start's point that runs fast is never
+    a finding."""
     cells: dict[str, dict[int, dict[Point, tuple[int, float]]]] = defaultdict(
         lambda: defaultdict(dict))
     for point, starts in points.items():
-        for b, block in enumerate(starts):
-            if block.m:
-                cells[block.engine_hash][block.start][point] = (b, statistics.median(block.logs))
+        for b, sw in enumerate(starts):
+            if sw.m:
+                cells[sw.engine_hash][sw.start][point] = (b, statistics.median(sw.logs))
     inter: list[tuple[Point, int, float]] = []
     for rows in cells.values():
         cols: dict[Point, list[float]] = defaultdict(list)
@@ -454,9 +455,9 @@ def _robust_scale(residuals: Sequence[float], least: int) -> float:
     return float(np.median(np.abs(x - np.median(x))) / _NORMAL_MAD)
 
 
-def _without(block: StartWindows, drop: Collection[int]) -> StartWindows:
-    return replace(block, logs=tuple(x for i, x in enumerate(block.logs) if i not in drop),
-                   repeats=tuple(x for i, x in enumerate(block.repeats) if i not in drop))
+def _without(sw: StartWindows, drop: Collection[int]) -> StartWindows:
+    return replace(sw, logs=tuple(x for i, x in enumerate(sw.logs) if i not in drop),
+                   repeats=tuple(x for i, x in enumerate(sw.repeats) if i not in drop))
 
 
 def filter_stage(starts: Sequence[StartWindows], stage: Stage | None) -> list[StartWindows]:

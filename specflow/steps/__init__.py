@@ -6,11 +6,10 @@ process or on another worker and sees the same sweep.
 """
 
 from specflow.steps.context import Context, OnRound, OnWindow, headroom_reports, open_sweep
-from specflow.steps.decide import Outcome, decide, outcome_summary
+from specflow.steps.decide import Decided, decide, outcome_summary
 from specflow.steps.measure import (
     UNIT_KINDS,
     DevicesShort,
-    EngineStartFailed,
     give_up,
     log_round,
     measure,
@@ -25,8 +24,8 @@ from specflow.steps.measure import (
 from specflow.steps.soak import SoakResult, run_soak
 
 __all__ = [
-    "UNIT_KINDS", "Context", "DevicesShort", "EngineStartFailed", "give_up", "run_unit",
-    "unit_of", "OnWindow", "OnRound", "Outcome", "decide", "headroom_reports",
+    "UNIT_KINDS", "Context", "DevicesShort", "give_up", "run_unit",
+    "unit_of", "OnWindow", "OnRound", "Decided", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
     "log_round", "progress", "run_closing_baseline", "run_start", "SoakResult", "run_soak",
 ]

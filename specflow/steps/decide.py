@@ -11,7 +11,7 @@ from typing import Any
 
 from specflow.champions import promote
 from specflow.decision.choose import analyze, decision_rows
-from specflow.decision.model import Analysis, AnalysisError
+from specflow.decision.model import BASELINE_METHOD, Analysis, AnalysisError
 from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
 from specflow.results import console, report
@@ -32,7 +32,7 @@ from specflow.steps.revalidate import (
 
 
 @dataclass
-class Outcome:
+class Decided:
     """What the decision step produced."""
 
     decided: bool
@@ -47,11 +47,11 @@ class Outcome:
     """Windows left out of the speedups as slowed by outside load (`Analysis.slowed`)."""
 
 
-def _no_decision(ctx: Context, problems: list[str]) -> Outcome:
+def _no_decision(ctx: Context, problems: list[str]) -> Decided:
     path = ctx.workdir / "report" / "report.md"
     atomic_write(path, "# specflow decision report\n\nNo decision: the data cannot carry one.\n\n"
                  + "\n".join(f"- {p}" for p in problems) + "\n")
-    return Outcome(False, problems, path, [], [], [])
+    return Decided(False, problems, path, [], [], [])
 
 
 def check_schedules(result: Analysis, vllm_command: Sequence[str] | None, vllm_label: str
@@ -107,7 +107,7 @@ def analyse(ctx: Context) -> tuple[Analysis, rounds.SearchState | None]:
     return _grid(ctx), None
 
 
-def decide(ctx: Context) -> Outcome:
+def decide(ctx: Context) -> Decided:
     """Analyse every finished window, write the report and plots, promote per traffic class."""
     try:
         result, progress = analyse(ctx)
@@ -143,7 +143,7 @@ def decide(ctx: Context) -> Outcome:
         try:
             ctx.tracker.log_files(ctx.parent_run_id, acceptance, "profiles")
             ctx.tracker.log_summary(ctx.parent_run_id, {
-                "points_ok": ok, "points_failed": len(ctx.ledger.measurements()) - ok,
+                "windows_ok": ok, "windows_failed": len(ctx.ledger.measurements()) - ok,
                 "windows_slowed": len(result.slowed),
                 **band_metrics(table), **predict.summary(versus), **_compare_metrics(reval)},
                 [files.report, *files.plots, *([reval.markdown] if reval.markdown else [])],
@@ -160,7 +160,7 @@ def decide(ctx: Context) -> Outcome:
                 [(p.traffic_class, _champion(p)) for p in promotions]))
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
-    return Outcome(True, problems, files.report, list(files.plots), promotions, table, reval,
+    return Decided(True, problems, files.report, list(files.plots), promotions, table, reval,
                    tuple(w.text() for w in result.slowed))
 
 
@@ -191,16 +191,17 @@ def _compare_metrics(r: Revalidation) -> dict[str, float]:
 def band_metrics(table: list[dict[str, Any]]) -> dict[str, float]:
     """Per class and band, what is deployed (the winner, or the baseline when off or
     unresolved): `band.<class>.<band>.speedup` with `_lo` / `_hi`, `.N`, `.acceptance_rate`
-    and `.outcome` (1 speculate, 0 off, -1 unresolved), so the MLflow UI charts each band
+    and `.outcome` (1 promote, 0 off, -1 unresolved), so the MLflow UI charts each band
     across re-validations."""
     out: dict[str, float] = {}
     for row in table:
-        if row["verdict"] not in ("wins", "unresolved"):
+        unresolved = row["method"] == BASELINE_METHOD and row["verdict"] == "open"
+        if row["verdict"] != "wins" and not unresolved:
             continue
         key = f"band.{row['traffic_class']}.{row['band']}"
         out |= {f"{key}.speedup": row["speedup"], f"{key}.speedup_lo": row["lo"],
                 f"{key}.speedup_hi": row["hi"], f"{key}.N": row["N"],
-                f"{key}.outcome": -1.0 if row["verdict"] == "unresolved"
+                f"{key}.outcome": -1.0 if unresolved
                 else float(row["N"] > 0)}
         if row["acceptance_rate"] is not None:
             out[f"{key}.acceptance_rate"] = row["acceptance_rate"]
@@ -237,7 +238,7 @@ def _run_link(ctx: Context) -> str | None:
         return None
 
 
-def outcome_summary(ctx: Context, outcome: Outcome) -> dict[str, Any]:
+def outcome_summary(ctx: Context, outcome: Decided) -> dict[str, Any]:
     """A JSON-able summary of the sweep for the CLI and the flow's return value."""
     entries = list(ctx.ledger.entries())
     return {

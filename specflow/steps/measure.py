@@ -8,11 +8,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from specflow.decision.aggregate import to_measure_again
 from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, run_engine
+from specflow.engine.server import EngineFailure, EngineStartError, FailureKind
 from specflow.records.measurement import AGAIN, Measurement, WindowKey
 from specflow.search import rounds
 from specflow.search.plan import EngineStart
@@ -25,10 +26,6 @@ RETRYABLE_START_FAILURES = frozenset({"start_failed", "hang", "busy_port"})
 
 
 HOST = socket.gethostname()
-
-
-class EngineStartFailed(RuntimeError):
-    """The engine config's engine did not start; its windows are recorded as failed."""
 
 
 class DevicesShort(RuntimeError):
@@ -94,7 +91,7 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
     if not todo:
         return summary
     h = ctx.headroom[ec.hash]
-    if h.verdict == "refuse":
+    if h.fit == "refuse":
         results: Any = _refused(ec, todo, h)
     else:
         if ctx.spec.backend.kind == "local":
@@ -102,7 +99,7 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
             summary["started"] = True
         results = run_engine(ec, ctx.spec.backend, todo, ctx.workdir / "runs", skip=finished,
                              tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model,
-                             again=(_slowed_again(ctx, ec, windows, start)
+                             again=(slowed_again(ctx, ec, windows, start)
                                     if start is not None else None))
     t0 = time.monotonic()
     for m in results:
@@ -118,7 +115,7 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
     return summary
 
 
-def _slowed_again(ctx: Context, ec: EngineConfig, windows: Sequence[Window], start: EngineStart
+def slowed_again(ctx: Context, ec: EngineConfig, windows: Sequence[Window], start: EngineStart
                   ) -> Callable[[Sequence[Measurement]], list[Window]]:
     """What a racing start measures once more before its engine stops: each of its planned
     windows that outside load slowed (`decision.aggregate.to_measure_again` on the sweep's
@@ -135,14 +132,16 @@ def _slowed_again(ctx: Context, ec: EngineConfig, windows: Sequence[Window], sta
 
 
 def measure(ctx: Context, engine_hash: str, on_window: OnWindow | None = None) -> dict[str, Any]:
-    """Every opening window of one engine config; raises EngineStartFailed when a retry may help."""
+    """Every opening window of one engine config; raises EngineStartError when a retry may help."""
     ec = ctx.engine(engine_hash)
     summary = run_config(ctx, ec, ctx.windows, on_window)
     if summary["started"] and summary["ok"] == 0 and summary["failed"]:
         kinds = {e.measurement.failure for e in ctx.ledger.entries()
                  if e.measurement.key.engine_hash == ec.hash and not e.measurement.ok}
         if kinds and kinds <= RETRYABLE_START_FAILURES:
-            raise EngineStartFailed(f"engine {ec.name} did not start ({', '.join(sorted(kinds))})")
+            raise EngineStartError(EngineFailure(
+                cast(FailureKind, min(kinds)),
+                f"engine {ec.name} did not start ({', '.join(sorted(kinds))})"))
     return summary
 
 
@@ -183,7 +182,7 @@ def plan_measurements(ctx: Context) -> list[Measurement]:
 
 def refused(ctx: Context) -> frozenset[str]:
     """Engine hashes the headroom check refused."""
-    return frozenset(h for h, r in ctx.headroom.items() if r.verdict == "refuse")
+    return frozenset(h for h, r in ctx.headroom.items() if r.fit == "refuse")
 
 
 def progress(ctx: Context) -> rounds.SearchState:
@@ -222,8 +221,9 @@ def log_round(ctx: Context, progress: rounds.SearchState) -> None:
     r = progress.rounds[-1]
     more = progress.current is not None
     status = Counter(b.word(more) for b in r.states)
-    metrics = {"race.open_bands": status["exploring"] + status["confirming"] + status["open"],
-               "race.confirmed_bands": status["confirmed"],
+    metrics = {"race.exploring_bands": status["exploring"],
+               "race.confirming_bands": status["confirming"],
+               "race.promote_bands": status["promote"], "race.off_bands": status["off"],
                "race.unresolved_bands": status["unresolved"],
                "race.contenders": sum(len(b.contenders) for b in r.states
                                       if b.status == "exploring"),
@@ -267,7 +267,7 @@ def unit_of(ctx: Context, kind: str, key: str
 def run_unit(ctx: Context, kind: str, key: str, on_window: OnWindow | None = None
              ) -> dict[str, Any]:
     """Measure one unit (see UNIT_KINDS) after pushing what an earlier attempt at it left
-    unlogged; raises EngineStartFailed when a retry may help and DevicesShort when this
+    unlogged; raises EngineStartError when a retry may help and DevicesShort when this
     worker's device set cannot hold the engine."""
     check_devices(ctx)
     ec, windows, start = unit_of(ctx, kind, key)

@@ -67,7 +67,7 @@ def champion_regressions(cmp: Comparison, champions: Mapping[str, promote.GatedR
     """Per class whose current champion's engine regressed beyond noise: the rows, in words."""
     out: dict[str, list[str]] = {}
     for cls, champ in champions.items():
-        if champ is None or champ.outcome != "speculate":
+        if champ is None or champ.outcome != "promote":
             continue
         rows = [c for c in cmp.regressions if c.traffic_class == cls and
                 c.engine == champ.engine.name and c.metric in ("speedup", "acceptance length")]
@@ -154,16 +154,16 @@ def position_drops(cmp: Comparison, champions: Mapping[str, promote.GatedRecord 
     gate in place of its fixed threshold."""
     out: dict[str, tuple[str, ...]] = {}
     for cls, champ in champions.items():
-        if champ is None or champ.outcome != "speculate":
+        if champ is None or champ.outcome != "promote":
             continue
         rows = [c for c in cmp.changes if c.traffic_class == cls and c.engine ==
                 champ.engine.name and c.metric == "acceptance at position"
-                and c.verdict != "workload changed"]
+                and c.finding != "workload changed"]
         if rows:
             out[cls] = tuple(
                 f"{c.engine} acceptance at position {c.position} ({c.workload} c="
                 f"{c.concurrency}) fell {c.a:.3f} -> {c.b:.3f}, beyond noise "
-                f"({comparing.change_text(c)})" for c in rows if c.verdict == "regression")
+                f"({comparing.change_text(c)})" for c in rows if c.finding == "regression")
     return out
 
 

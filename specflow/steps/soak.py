@@ -9,15 +9,16 @@ not part of any decision. A sweep whose soak report exists does not soak again o
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from specflow.engine.runner import run_engine
 from specflow.records.fsio import atomic_write
-from specflow.records.measurement import MEASUREMENT, Measurement
+from specflow.records.measurement import Measurement
 from specflow.spec.compile import EngineConfig
 from specflow.stats.trend import Trend, log_trend
 from specflow.steps.context import Context, OnWindow
@@ -39,12 +40,19 @@ class SoakResult:
     span_s: float
     trends: dict[str, Trend | None]
     """`throughput` and, for a speculative engine, `acceptance length`."""
-    verdicts: dict[str, str]
+    findings: dict[str, str]
     report: Path
 
     def lines(self) -> list[str]:
         return [f"soak of {self.engine}: {self.windows} windows over {self.span_s:.0f} s "
-                f"({self.failed} failed)"] + [f"  {k}: {v}" for k, v in self.verdicts.items()]
+                f"({self.failed} failed)"] + [f"  {k}: {v}" for k, v in self.findings.items()]
+
+
+class SoakRecord(BaseModel):
+    """One line of the soak's `windows.jsonl`: a window and its end time from the first's."""
+
+    t_s: float
+    window: Measurement
 
 
 def soak_engine(ctx: Context) -> EngineConfig:
@@ -56,7 +64,7 @@ def soak_engine(ctx: Context) -> EngineConfig:
     return found[0]  # the plan's checks name a soak engine that is not one of its configs
 
 
-def verdict(trend: Trend | None, alpha: float, tolerance: float) -> str:
+def finding(trend: Trend | None, alpha: float, tolerance: float) -> str:
     """A trend in words: beyond noise (its p-value below `alpha`) and larger than `tolerance`
     over the soak, or not."""
     if trend is None:
@@ -85,7 +93,7 @@ def analyse(ms: Sequence[Measurement], t_s: Sequence[float], confidence: float,
         trends["acceptance length"] = log_trend([t for t, _ in with_al],
                                                 [a for _, a in with_al if a], confidence)
     alpha = (1 - confidence) / len(trends)  # Bonferroni over the soak's series
-    return trends, {k: verdict(v, alpha, tolerance) for k, v in trends.items()}
+    return trends, {k: finding(v, alpha, tolerance) for k, v in trends.items()}
 
 
 def run_soak(ctx: Context, on_window: OnWindow | None = None) -> SoakResult | None:
@@ -98,9 +106,9 @@ def run_soak(ctx: Context, on_window: OnWindow | None = None) -> SoakResult | No
     out = ctx.workdir / "soak"
     records = out / "windows.jsonl"
     if (out / "soak.md").is_file() and records.is_file():
-        rows = [json.loads(line) for line in records.read_text().splitlines() if line]
-        return _result(ctx, ec, [MEASUREMENT.validate_python(r["window"]) for r in rows],
-                       [r["t_s"] for r in rows], out)
+        rows = [SoakRecord.model_validate_json(line)
+                for line in records.read_text().splitlines() if line]
+        return _result(ctx, ec, [r.window for r in rows], [r.t_s for r in rows], out)
     workload = soak.workload or next(iter(ctx.spec.workload))
     level = soak.concurrency or max(ctx.spec.sweep.concurrency)
     base = next(w for w in ctx.windows if w.workload == workload and w.concurrency == level)
@@ -118,8 +126,7 @@ def run_soak(ctx: Context, on_window: OnWindow | None = None) -> SoakResult | No
             ms.append(m)
             t_s.append(now - t0)
             with records.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"t_s": t_s[-1], "window": MEASUREMENT.dump_python(
-                    m, mode="json")}) + "\n")
+                fh.write(SoakRecord(t_s=t_s[-1], window=m).model_dump_json() + "\n")
             if on_window is not None:
                 on_window(m)
             if t_s[-1] >= soak.duration_s or not m.ok:  # a failed window ends the soak
@@ -132,17 +139,17 @@ def run_soak(ctx: Context, on_window: OnWindow | None = None) -> SoakResult | No
 def _result(ctx: Context, ec: EngineConfig, ms: list[Measurement], t_s: list[float],
             out: Path) -> SoakResult:
     promote = ctx.spec.promote
-    trends, verdicts = analyse(ms, t_s, promote.confidence, promote.tie_tolerance)
+    trends, findings = analyse(ms, t_s, promote.confidence, promote.tie_tolerance)
     report = out / "soak.md"
     lines = [f"# Soak of {ec.name}", "",
              f"{len(ms)} windows, one engine start, over {t_s[-1] if t_s else 0:.0f} s; the "
              f"trend of each series against time, {promote.confidence:.0%} interval, a change "
              f"beyond noise and over {promote.tie_tolerance:.0%} across the soak flagged.", ""]
-    lines += [f"- {k}: {v}" for k, v in verdicts.items()]
+    lines += [f"- {k}: {v}" for k, v in findings.items()]
     lines += ["", "| window | t (s) | output tok/s | acceptance length |", "|---|---|---|---|"]
     lines += [f"| {i} | {t:.0f} | {m.output_throughput:.1f} | "
               f"{m.mean_acceptance_length or '-'} |" for i, (t, m) in enumerate(zip(t_s, ms,
                                                                                     strict=True))]
     atomic_write(report, "\n".join(lines) + "\n")
     return SoakResult(ec.name, len(ms), sum(not m.ok for m in ms), t_s[-1] if t_s else 0.0,
-                      trends, verdicts, report)
+                      trends, findings, report)

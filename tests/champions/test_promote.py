@@ -89,7 +89,7 @@ def test_champion_is_deployable_with_its_evidence(tmp_path: Path) -> None:
     assert p.status == "promoted" and p.previous is None
     assert p.path == tmp_path / "math" / "champion.json"
     record = json.loads(p.path.read_text())
-    assert record["outcome"] == "speculate"
+    assert record["outcome"] == "promote"
     assert record["engine"]["hash"] == E3N3.hash
     schedule = [[1, 4, 3], [5, 32, 0]]
     assert record["num_speculative_tokens_per_batch_size"] == schedule
@@ -102,15 +102,45 @@ def test_champion_is_deployable_with_its_evidence(tmp_path: Path) -> None:
     rows = record["evidence"]["decision_table"]
     assert [(r["band"], r["engine"], r["verdict"]) for r in rows] == [
         ("c1-4", "eagle3-n3", "wins"), ("c1-4", "eagle3-n2", "passes"),
-        ("c1-4", "off (baseline)", "beaten"),
+        ("c1-4", "off (baseline)", "ruled out"),
         ("c5-32", "eagle3-n2", "ruled out"), ("c5-32", "eagle3-n3", "ruled out"),
         ("c5-32", "off (baseline)", "wins")]
-    assert [b["outcome"] for b in record["bands"]] == ["speculate", "off"]
+    assert [b["outcome"] for b in record["bands"]] == ["promote", "off"]
     assert record["bands"][0]["speedup"]["estimate"] == pytest.approx(1.4)  # worst level, c=4
     assert record["settings"]["margin"] == 0.05
     assert history(tmp_path, "math") == [record["version"]]
     assert champion(tmp_path, "math") == p.record  # the file reads back as the record written
     assert json.loads((tmp_path / "math" / "history" / f"{p.version}.json").read_text()) == record
+
+
+SCHEMA1 = ROOT / "tests" / "data" / "champion_schema1.json"
+"""A champion of scenario "first" as specflow wrote it at schema 1 (df061b6): outcome
+"speculate", the off row's verdict "beaten", verdicts with `status` and `outcome`."""
+
+
+def test_a_schema_1_champion_is_read_in_schema_2s_words_and_gated_against(
+        tmp_path: Path) -> None:
+    old = json.loads(SCHEMA1.read_text())
+    assert (old["schema"], old["outcome"]) == (1, "speculate")
+    (tmp_path / "math" / "history").mkdir(parents=True)
+    (tmp_path / "math" / "champion.json").write_bytes(SCHEMA1.read_bytes())
+    (tmp_path / "math" / "history" / f"{old['version']}.json").write_bytes(SCHEMA1.read_bytes())
+    read = _champion(tmp_path)
+    assert (read.schema_version, read.outcome, read.version) == (2, "promote", old["version"])
+    assert [b.outcome for b in read.bands] == ["promote", "off"]
+    assert [r["verdict"] for r in read.evidence.decision_table] == [
+        "wins", "passes", "ruled out", "ruled out", "ruled out", "wins"]
+    winner = read.evidence.decisions[0]["winner"]  # type: ignore[index]
+    assert winner["verdict"] == "wins" and "status" not in winner  # type: ignore[operator]
+    assert read.evidence.deployment["outcome"] == "promote"
+    # held against as any champion: the new one compared band by band, its predecessor named
+    new = _promote("second", tmp_path)
+    assert new.status == "promoted" and new.previous == old["version"], new.gate
+    assert not [n for n in new.gate.notes if "file format" in n], new.gate.notes
+    assert json.loads(new.path.read_text())["schema"] == 2
+    back = restore(tmp_path, "math")  # and restored, in schema 2's words
+    assert (back.version, json.loads(back.path.read_text())["outcome"]) == (old["version"],
+                                                                           "promote")
 
 
 def test_off_is_promoted_as_the_baseline_engine(tmp_path: Path) -> None:
@@ -136,7 +166,7 @@ def test_promote_all_and_the_hook_that_registers_elsewhere(tmp_path: Path) -> No
     out = promote_all(analyze(ms + chat, SPEC), ENGINES, SPEC, output_dir=tmp_path,
                       on_promoted=registered.append)
     assert [(p.traffic_class, p.record.outcome) for p in out] == [("chat", "off"),
-                                                                  ("math", "speculate")]
+                                                                  ("math", "promote")]
     assert registered == out
     assert all(p.path.is_file() for p in registered)  # the hook runs once the files are in place
 

@@ -1,4 +1,4 @@
-"""`specflow compare` on hand-built sweeps: the statistics and verdicts (the real-engine scenario
+"""`specflow compare` on hand-built sweeps: the statistics and findings (the real-engine scenario
 is tests/results/test_compare_sweeps.py)."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_a_worse_drafter_revision_is_an_acceptance_and_speedup_regression() -> N
     assert cmp.summary.startswith("regression: ")
     # the baseline's own throughput did not move: that row is no change
     (tput,) = [c for c in cmp.changes if c.metric == "throughput"]
-    assert tput.engine == "baseline" and tput.verdict == "no change beyond noise"
+    assert tput.engine == "baseline" and tput.finding == "no change beyond noise"
 
 
 def test_a_changed_request_is_the_workload_changing_never_a_regression() -> None:
@@ -102,7 +102,7 @@ def test_a_changed_request_is_the_workload_changing_never_a_regression() -> None
                                                                     "temperature": None})
     cmp = compare(a, b)
     assert cmp.changes and not cmp.compared and not cmp.regressions
-    assert {c.verdict for c in cmp.changes} == {"workload changed"}
+    assert {c.finding for c in cmp.changes} == {"workload changed"}
     assert cmp.workload_changes == (f"code: requests' temperature 0.0 -> {NOT_SENT}",)
     assert cmp.summary.startswith("not comparable")
     # not sent on both sides is a change too once vLLM itself changed (its default may have)

@@ -192,7 +192,7 @@ def test_dspark_compiles_and_is_sized_on_gpu_hardware() -> None:
                                      "deepseek-ai/dspark_qwen3_8b_block7",
                                      "num_speculative_tokens": 7}
     h0, h = headroom(loaded.spec, base), headroom(loaded.spec, ds)
-    assert h0.verdict == h.verdict == "fits"
+    assert h0.fit == h.fit == "fits"
     # its five drafter layers' KV and weights are counted; anchor sampling reserves N slots
     assert h.kv_bytes_per_token_draft == 5 * 2 * 8 * 128 * 2 and h.draft_weight_bytes > 0
     assert h.lookahead_slots == 7 and 0 < h.capacity.tokens < h0.capacity.tokens

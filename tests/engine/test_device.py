@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specflow.engine import device
-from specflow.engine.device import Device, _visible, owned
+from specflow.engine.device import Device, owned, visible
 
 GPUS = [Device("nvidia", "H200", 141 << 30, 140 << 30, "570", index=i, uuid=f"GPU-{i}aa")
         for i in range(4)]
@@ -26,10 +26,10 @@ def test_the_device_set_comes_from_the_first_visibility_variable_set(
 
 
 def test_probed_devices_are_narrowed_to_the_set_by_index_or_uuid() -> None:
-    assert _visible(GPUS, None) == GPUS
-    assert [d.index for d in _visible(GPUS, ("2", "0"))] == [2, 0]
-    assert [d.index for d in _visible(GPUS, ("GPU-3aa", "7"))] == [3]  # unknown ids dropped
-    assert _visible(GPUS, ()) == []
+    assert visible(GPUS, None) == GPUS
+    assert [d.index for d in visible(GPUS, ("2", "0"))] == [2, 0]
+    assert [d.index for d in visible(GPUS, ("GPU-3aa", "7"))] == [3]  # unknown ids dropped
+    assert visible(GPUS, ()) == []
 
 
 def test_a_worker_owning_fewer_devices_than_the_tensor_parallel_size_refuses_the_engine(

@@ -64,6 +64,7 @@ from specflow.records.measurement import AGAIN, Measurement
 from specflow.spec.compile import EngineConfig
 from specflow.spec.memory import headroom
 from specflow.spec.schema import EndpointBackend, LocalBackend
+from specflow.spec.serialize import as_json
 
 N = 3
 PROMPTS = 8
@@ -106,7 +107,7 @@ def test_prefix_cache_counters_are_read_from_the_same_scrape() -> None:
     snap = metrics.scrape(METRICS.read_text() + text)
     assert snap.spec == metrics.parse(METRICS.read_text())
     assert snap.prefix_cache == metrics.PrefixCache(700, 256)
-    assert (snap.prefix_cache - metrics.PrefixCache(300, 256)).to_json() == {"queries": 400,
+    assert as_json(snap.prefix_cache - metrics.PrefixCache(300, 256)) == {"queries": 400,
                                                                              "hits": 0}
     assert metrics.scrape(text) == metrics.Snapshot(None, metrics.PrefixCache(700, 256))
     assert metrics.scrape(METRICS.read_text()).prefix_cache is None  # prefix caching off
@@ -649,7 +650,7 @@ def test_the_requests_sampling_is_recorded_and_a_changed_default_is_caught(
     assert all(t.prompt_hash == m.prompt_hash for t in trap)
     cmp = compare(SweepSide("A", (m, again)), SweepSide("B", tuple(trap)))
     assert cmp.workload_changes == (f"code: requests' temperature 0.0 -> {NOT_SENT}",)
-    assert cmp.changes and {c.verdict for c in cmp.changes} == {"workload changed"}
+    assert cmp.changes and {c.finding for c in cmp.changes} == {"workload changed"}
     assert not cmp.regressions and cmp.summary.startswith("not comparable")
 
 

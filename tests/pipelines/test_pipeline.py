@@ -475,10 +475,10 @@ def test_a_racing_sweep_never_promotes_the_loser_and_leaves_its_trail(
     assert len(decided) == 2, proc.stdout[-2000:]
     last = proc.stdout.split("what to deploy, per traffic class\n")[-1].splitlines()
     code = promote.champion(tmp_path / "promoted", "code")
-    if code is not None and code.outcome == "speculate":  # concluded: the true winner
+    if code is not None and code.outcome == "promote":  # concluded: the true winner
         assert code.engine.name == "ngram-n8"
         (band,) = code.bands
-        assert band.outcome == "speculate" and band.speedup.lo > 1.05
+        assert band.outcome == "promote" and band.speedup.lo > 1.05
         assert "unresolved" not in decided[1], proc.stdout[-2000:]
         rows = {r["engine"]: r for r in code.evidence.decision_table}
         loser = rows["draft_model_random-n2"]

@@ -68,7 +68,7 @@ def _champion_of_the_copy(tmp: Path, models: Path) -> promote.Promotion:
     analysis, _ = analyse(ctx)
     result = analysis.result("chat")
     copy = next(ec for ec in ctx.plan.engine_configs if ec.name == "draft_model-n4")
-    dep = dataclasses.replace(result.deployment, outcome="speculate", engine_hash=copy.hash,
+    dep = dataclasses.replace(result.deployment, outcome="promote", engine_hash=copy.hash,
                               engine=copy.name, drafter=copy.drafter, method=copy.method,
                               num_speculative_tokens=copy.num_speculative_tokens)
     won = tuple(dataclasses.replace(d, winner=next(v for v in d.candidates
@@ -252,7 +252,7 @@ def test_a_soak_measures_one_engine_for_a_while_and_reports_its_trend(
     trend of its throughput and acceptance length is reported; the soak's windows stay out of
     the sweep's ledger and decision. Guaranteed at any machine speed: the acceptance length's
     trend is exactly flat (the copy accepts all); the throughput's may be any of the three
-    verdicts (outside load over 20 s is a trend), with its interval."""
+    findings (outside load over 20 s is a trend), with its interval."""
     run, sweep = sweeps["again_run"], sweeps["again"]
     head = re.search(r"soak of draft_model-n4: (\d+) windows over (\d+) s \(0 failed\)",
                      run.stdout)

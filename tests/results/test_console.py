@@ -75,13 +75,13 @@ def test_the_last_lines_say_what_to_deploy_per_class_in_words() -> None:
                     f"throughput without it (interval [{c1['lo']:.2f}, {c1['hi']:.2f}]); "
                     "no speculative decoding at concurrency 8")
     off = [{**r, "traffic_class": "classify"} for r in table if r["band"] == "c8"]
-    undecided = [{**r, "traffic_class": "chat", "verdict": "unresolved"}
+    undecided = [{**r, "traffic_class": "chat", "verdict": "open"}
                  if r["method"] == "none" else {**r, "traffic_class": "chat"}
                  for r in table if r["band"] == "c8"]
     assert [r["method"] for r in off if r["verdict"] == "wins"] == ["none"]
     assert deploy_lines(off + undecided) == [
         "classify: serve without speculative decoding: no drafter measured pays here",
-        "chat: undecided: keep what is deployed now (the report says what would settle it)"]
+        "chat: unresolved: keep what is deployed now (the report says what would settle it)"]
     refused = deploy_lines(table, [{"traffic_class": "math", "status": "refused"}])
     assert refused == ["math: keep what is deployed now: the new decision did not pass the "
                        "regression gate (see the report)"]

@@ -52,7 +52,7 @@ def test_report_and_plots_from_hand_built_records(tmp_path: Path) -> None:
         ("c1", "eagle3-n3", "ruled out"), ("c1", "off (baseline)", "wins"),
         ("c8", "eagle3-n3", "ruled out"), ("c8", "off (baseline)", "wins"),
         ("c1", "eagle3-n3", "wins"), ("c1", "eagle3-n2", "passes"),
-        ("c1", "ngram-n4", "open"), ("c1", "off (baseline)", "beaten"),
+        ("c1", "ngram-n4", "open"), ("c1", "off (baseline)", "ruled out"),
         ("c8", "eagle3-n2", "ruled out"), ("c8", "eagle3-n3", "ruled out"),
         ("c8", "ngram-n4", "ruled out"), ("c8", "off (baseline)", "wins")]
     assert "### Baseline between its engine starts" in text and "| #0 -> #" in text

@@ -18,8 +18,8 @@ from specflow.records.measurement import Measurement, WindowKey
 from specflow.results.console import round_lines
 from specflow.results.report import rounds_table
 from specflow.search import predict, rounds, simulate
-from specflow.search.advance import _predicted
-from specflow.search.plan import Round, Shape, _fast, split_baseline
+from specflow.search.advance import predicted_ratios
+from specflow.search.plan import Round, Shape, race_rules, split_baseline
 from specflow.spec.schema import PromoteSpec
 
 
@@ -241,7 +241,7 @@ def test_a_config_predicted_close_to_winning_is_measured(promote_spec: PromoteSp
     (state,) = progress.states.values()
     assert "at best a tie (2%) with N=1's" in dict(state.dropped)["ng2"], state.dropped
     assert state.contenders == ("ng1",), state  # and the measurement, not the prediction, won
-    assert state.status in ("confirmed", "unresolved", "confirming")
+    assert state.status in ("promote", "unresolved", "confirming")
 
 
 def test_a_config_its_probe_beats_is_not_started_even_when_the_probe_is_noisy(
@@ -328,9 +328,9 @@ def test_the_search_predicts_a_candidate_capped_by_its_kv_cache(
     windows = {("ng3", "chat", 4): [m for m in ms if m.key.engine_hash == "ng3"]}
     after = rounds.replay(shape, promote_spec, ms)
     assert after.current is not None and "ng1" in {s.engine_hash for s in after.current.starts}
-    iv = _predicted(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
+    iv = predicted_ratios(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
                            windows, [("chat", 4)], 1.96, 1)
-    uncapped = _predicted(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
+    uncapped = predicted_ratios(shape.chains["ng1"], _probe_verdict(shape, promote_spec, ms),
                                  windows, [("chat", 4)], 1.96)
     assert iv is not None and uncapped is not None
     assert iv.value == pytest.approx(uncapped.value / 4) and iv.hi == uncapped.hi
@@ -341,7 +341,7 @@ def _probe_verdict(shape: Shape, promote_spec: PromoteSpec, ms: list[Measurement
                    ) -> object:
 
     opening, later = split_baseline(ms, shape.baseline)
-    result = analyze(opening, _fast(promote_spec), closing_baseline=later,
+    result = analyze(opening, race_rules(promote_spec), closing_baseline=later,
                               family="none", stage="explore", partial=True)
     return next(v for r in result.classes for d in r.decisions for v in d.candidates
                 if v.engine_hash == "ng3")

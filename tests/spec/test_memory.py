@@ -150,11 +150,11 @@ def test_refused_and_fitting_examples() -> None:
     loaded, plan = load_plan(["target=qwen3_5_122b_a10b", "hardware=rtx_pro_6000_96gb",
                               "drafter=none"])
     (h,) = [headroom(loaded.spec, ec) for ec in plan.engine_configs]
-    assert h.verdict == "refuse" and h.capacity.tokens == 0
+    assert h.fit == "refuse" and h.capacity.tokens == 0
     assert any("tensor_parallel_size=4" in f for f in h.fixes)
     loaded, plan = load_plan(["target=qwen3_8b", "hardware=h200", "drafter=eagle3"])
     reports = [headroom(loaded.spec, ec) for ec in plan.engine_configs]
-    assert all(h.verdict == "fits" for h in reports)
+    assert all(h.fit == "fits" for h in reports)
     base, eagle = reports[0], reports[1]
     assert base.drafter_cost_tokens == 0
     # one extra full-attention layer (8 KV heads x 128) on 36: about 1/37 of the tokens, plus
@@ -168,7 +168,7 @@ def test_warn_when_concurrency_exceeds_capacity() -> None:
                               "sweep.num_speculative_tokens.draft_model=[2]"])
     reports = {ec.name: headroom(loaded.spec, ec) for ec in plan.engine_configs}
     # 64 MiB holds 128 requests of <=256 tokens without a drafter, 64 with the copy
-    assert reports["baseline"].verdict == "warn"
+    assert reports["baseline"].fit == "warn"
     assert (reports["draft_model-n2"].concurrency_at_context
             < reports["baseline"].concurrency_at_context)
     assert any("below the sweep's highest concurrency 200" in r
@@ -191,6 +191,6 @@ def test_cli_headroom_exit_codes() -> None:
     proc = run_cli("headroom", "target=qwen3_8b", "hardware=h200", "drafter=eagle3", "--json")
     assert proc.returncode == 0, proc.stderr
     data = {r["engine"]: r for r in json.loads(proc.stdout)}
-    assert data["eagle3-n3"]["verdict"] == "fits"
+    assert data["eagle3-n3"]["fit"] == "fits"
     assert data["eagle3-n3"]["drafter_cost_tokens"] > 0
     assert data["baseline"]["drafter_cost_tokens"] == 0

@@ -154,7 +154,7 @@ def test_a_racing_start_measures_its_own_slowed_windows_once_more(tmp_path: Path
     from specflow.records.measurement import AGAIN, Measurement
     from specflow.search.plan import EngineStart
     from specflow.steps import progress, unit_of
-    from specflow.steps.measure import _slowed_again
+    from specflow.steps.measure import slowed_again
     from tests.builders import window
 
     race = _context(tmp_path, "sweep.design=race", "sweep.repeats=3")
@@ -176,12 +176,12 @@ def test_a_racing_start_measures_its_own_slowed_windows_once_more(tmp_path: Path
     def mine(start: EngineStart) -> list[Measurement]:  # the start's windows, as measured
         return [m for m in race.ledger.measurements() if m.seq == start.seq]
 
-    picks = [_slowed_again(race, ec, windows, start)(mine(start))
+    picks = [slowed_again(race, ec, windows, start)(mine(start))
              for ec, windows, start in units]
     assert picks[0] == [] and all(p == [] for p in picks[2:])
     assert picks[1] == [replace(slowed, repeat=slowed.repeat + AGAIN)]  # its start kept
     ec, windows, start = units[1]
-    pick = _slowed_again(race, ec, windows, start)
+    pick = slowed_again(race, ec, windows, start)
     assert pick([]) == []  # a start that measured nothing (it failed) measures nothing again
     assert pick(mine(start)) == picks[1]
     again = picks[1][0]

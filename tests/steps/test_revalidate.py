@@ -16,9 +16,9 @@ from tests.builders import sweep
 from tests.champions.test_promote import E3N3, ENGINES, SCENARIOS, SPEC, scenario
 
 
-def _comparison(engine: str, metric: str = "speedup", verdict: str = "regression") -> Comparison:
+def _comparison(engine: str, metric: str = "speedup", finding: str = "regression") -> Comparison:
     row = Change("math", "gsm8k", 1, engine, metric, None, 1.6, 1.1,  # type: ignore[arg-type]
-                 0.69, 0.6, 0.8, "ratio", 0.001, "3 + 3 engine starts", verdict)  # type: ignore[arg-type]
+                 0.69, 0.6, 0.8, "ratio", 0.001, "3 + 3 engine starts", finding)  # type: ignore[arg-type]
     return Comparison("A", "B", (row,), (("vllm", "0.31.0", "0.32.0"),), (), (), (), 0.95, 0.02)
 
 
@@ -87,7 +87,7 @@ def test_only_the_champions_own_engine_counts(tmp_path: Path) -> None:
     champions = {"math": champion(tmp_path, "math")}
     assert champion_regressions(_comparison("eagle3-n2"), champions) == {}  # not the champion
     assert champion_regressions(_comparison("eagle3-n3", "throughput"), champions) == {}
-    assert champion_regressions(_comparison("eagle3-n3", verdict="no change beyond noise"),
+    assert champion_regressions(_comparison("eagle3-n3", finding="no change beyond noise"),
                                 champions) == {}
     assert champion_regressions(_comparison("eagle3-n3", "acceptance length"), champions)
     assert champion_regressions(_comparison("eagle3-n3"), {"math": None}) == {}
@@ -125,7 +125,7 @@ def test_a_comparison_replaces_the_fixed_acceptance_drop_threshold(tmp_path: Pat
     dropped = scenario("acceptance_drop")[0]
     same = _comparison("eagle3-n3", "acceptance at position", "no change beyond noise")
     row = dataclasses.replace(same.changes[0], position=2, a=0.6, b=0.45, change=-0.15,
-                              lo=-0.2, hi=-0.1, scale="difference", verdict="regression")
+                              lo=-0.2, hi=-0.1, scale="difference", finding="regression")
     fell = dataclasses.replace(same, changes=(row,))
     gates = []
     for name, cmp in (("same", same), ("fell", fell)):

@@ -33,9 +33,9 @@ def _series(rng: np.random.Generator, *, drift_per_hour: float, al_drift_per_hou
 def test_acceptance_falling_over_hours_is_a_trend_beyond_noise() -> None:
     """vLLM issue 41838: acceptance drifting down over hours of serving until a restart."""
     ms, t_s = _series(np.random.default_rng(0), drift_per_hour=-0.05, al_drift_per_hour=-0.10)
-    trends, verdicts = analyse(ms, t_s, 0.95, 0.02)
-    assert verdicts["acceptance length"].startswith("falling beyond noise: ")
-    assert verdicts["throughput"].startswith("falling beyond noise: ")
+    trends, findings = analyse(ms, t_s, 0.95, 0.02)
+    assert findings["acceptance length"].startswith("falling beyond noise: ")
+    assert findings["throughput"].startswith("falling beyond noise: ")
     al = trends["acceptance length"]
     assert al is not None and al.lo < -0.10 < al.hi and al.hi < 0 and al.n == 60
     assert math.isclose(al.span_s, 59 * 120)
@@ -45,18 +45,18 @@ def test_a_steady_engine_shows_no_trend() -> None:
     flagged = 0
     for seed in range(20):
         ms, t_s = _series(np.random.default_rng(seed), drift_per_hour=0.0)
-        _, verdicts = analyse(ms, t_s, 0.95, 0.02)
-        flagged += any(not v.startswith("no trend beyond noise") for v in verdicts.values())
+        _, findings = analyse(ms, t_s, 0.95, 0.02)
+        flagged += any(not v.startswith("no trend beyond noise") for v in findings.values())
     assert flagged <= 2  # the two series one family at 5%: about 1 in 20 soaks
 
 
 def test_a_small_trend_within_tolerance_is_not_flagged_and_few_windows_say_so() -> None:
     ms, t_s = _series(np.random.default_rng(1), drift_per_hour=-0.01, cv=0.001, n=30,
                       every_s=60)
-    trends, verdicts = analyse(ms, t_s, 0.95, 0.02)
+    trends, findings = analyse(ms, t_s, 0.95, 0.02)
     t = trends["throughput"]
     assert t is not None and t.p < 0.05 and abs(t.over_run) < 0.02  # real, but under 2%
-    assert verdicts["throughput"].startswith("no trend beyond noise")
+    assert findings["throughput"].startswith("no trend beyond noise")
     assert log_trend([0.0, 1.0], [1.0, 2.0], 0.95) is None
     flat = log_trend([0.0, 1.0, 2.0], [5.0, 5.0, 5.0], 0.95)  # the copy's acceptance length
     assert flat is not None and (flat.per_hour, flat.lo, flat.hi, flat.p) == (0.0, 0.0, 0.0, 1.0)

@@ -101,10 +101,10 @@ class _Server:
     base_url, model_name, tokenizer = "http://127.0.0.1:1", "tiny", "/tok"
 
 
-def _bench_args(m: MaterializedWorkload, spec: WorkloadSpec, point_dir: Path) -> list[str]:
+def _bench_args(m: MaterializedWorkload, spec: WorkloadSpec, window_dir: Path) -> list[str]:
     """The `vllm bench serve` arguments the runner passes to replay `m` (one window)."""
     (window,) = plan_windows({m.name: spec}, {m.name: m.path}, [1], 1, 0)
-    return bench_argv(_Server(), window, point_dir)  # type: ignore[arg-type]
+    return bench_argv(_Server(), window, window_dir)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
