@@ -12,7 +12,7 @@ a truncation). Each case runs `specflow compile --no-vllm-check` or `specflow he
 through `cli.main` and is classified:
 
   clean       exit 0, or exit 2 with "invalid configuration: N problems" and N lines that each
-              name a dotted field, an override or a file:line, or headroom's refusal verdict
+              name a dotted field, an override or a file:line, or headroom's refusal (its fit)
   unclear     exit 2 whose lines do not name a field or file:line
   traceback   an exception escaped cli.main
   other_exit  any other exit code
@@ -123,7 +123,7 @@ def classify(argv: list[str]) -> tuple[str, str]:
         return "other_exit", f"rc={rc} {text[-300:]}"
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if lines and lines[-1].startswith("refused: "):
-        return "clean", ""  # headroom's verdict: the config is valid and does not fit
+        return "clean", ""  # headroom's fit: the config is valid and does not fit
     head = _HEAD.match(lines[0]) if lines else None
     problems = [ln for ln in lines[1:] if ln.startswith("  - ")]
     if head and int(head.group(1)) == len(problems) == len(lines) - 1 and \

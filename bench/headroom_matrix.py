@@ -1,11 +1,11 @@
-"""Headroom of every target x drafter x hardware in conf/: verdict and KV capacity lost.
+"""Headroom of every target x drafter x hardware in conf/: fit and KV capacity lost.
 
 Run: .venv/bin/python bench/headroom_matrix.py [--csv out.csv] [--smoke]
 (--smoke: h200 x the qwen3_8b and tiny targets x ngram, eagle3 and draft_model_derived: 6
 pairs, seconds, instead of the ~2 min of every combination)
 For each pair the drafter's first engine config (its smallest N) is shown; pairs the drafter
 was not made for are listed as "n/a" with the reason compile gives. The last line is one JSON
-object: the combinations and their count per verdict.
+object: the combinations and their count per fit.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> int:
                              "; ".join(h.reasons or base.reasons)))
     elapsed = time.perf_counter() - start
     table = Table(title="headroom: every target x drafter x hardware in conf/")
-    for col in ("hardware", "target", "drafter", "verdict", "N", "KV tokens (no drafter)",
+    for col in ("hardware", "target", "drafter", "fit", "N", "KV tokens (no drafter)",
                 "KV tokens", "lost", "lost %", "reason"):
         table.add_column(col, overflow="fold")
     colors = {"fits": "green", "warn": "yellow", "refuse": "red", "n/a": "dim"}
@@ -76,7 +76,7 @@ def main() -> int:
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["hardware", "target", "drafter", "verdict", "n", "kv_tokens_no_drafter",
+            w.writerow(["hardware", "target", "drafter", "fit", "n", "kv_tokens_no_drafter",
                         "kv_tokens", "lost_tokens", "lost_percent", "reason"])
             w.writerows(rows)
     print(json.dumps({"combinations": len(rows), **counts, "seconds": round(elapsed, 1)}))

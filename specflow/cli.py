@@ -230,15 +230,15 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
         err.print("interrupted: the finished windows are kept in the ledger; the same command "
                   "measures only what is missing")
         return 130
-    summary = result["outcome"]
-    for note in result["plan"]["notes"]:
+    summary = result.outcome
+    for note in result.plan.notes:
         err.print(f"[yellow]workload warning:[/] {escape(note)}")
     print_outcome(summary, Console(highlight=False), time.monotonic() - start)
-    for line in (result.get("soak") or {}).get("lines", []):
+    for line in result.soak.lines if result.soak is not None else ():
         sys.stdout.write(line + "\n")
-    if (summary.get("comparison") or {}).get("message"):
+    if summary.comparison is not None and summary.comparison.message:
         return EXIT_REGRESSED
-    return 0 if summary["decided"] and not summary["missing"] else 1
+    return 0 if summary.decided and not summary.missing else 1
 
 
 def cmd_headroom(overrides: list[str], flags: Flags) -> int:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from specflow.decision.model import BASELINE_METHOD
 from specflow.records.measurement import AGAIN, Measurement
+from specflow.records.summaries import SweepSummary
 from specflow.search.rounds import SearchState
 from specflow.spec.memory import Headroom
 
@@ -177,11 +178,11 @@ def deploy_lines(rows: Sequence[Mapping[str, Any]],
     return out
 
 
-def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None:
+def print_outcome(summary: SweepSummary, out: Console, elapsed: float) -> None:
     """The decision per class and band (the full table with every candidate is in the report):
     a table on a wide console, two lines per band on a narrow one (80 columns), so a CI is
     never split over lines."""
-    lines = decision_lines(summary["table"])
+    lines = decision_lines(summary.table)
     title = "decision per traffic class and concurrency band"
     if lines and out.width >= NARROW:
         table = Table(title=title)
@@ -199,11 +200,11 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
             if row["runner-up / why not"]:
                 out.print(escape(f"  runner-up: {row['runner-up / why not']}"),
                           highlight=False, soft_wrap=True)
-    for p in summary["problems"]:  # one line each, also in a log (no wrapping)
+    for p in summary.problems:  # one line each, also in a log (no wrapping)
         out.print(f"[yellow]no decision:[/] {escape(p)}", soft_wrap=True)
-    out.print(f"{summary['ok']}/{summary['windows']} windows ok in {elapsed:.0f} s; "
-              f"missing {len(summary['missing'])}")
-    slowed = summary.get("slowed") or []
+    out.print(f"{summary.ok}/{summary.windows} windows ok in {elapsed:.0f} s; "
+              f"missing {len(summary.missing)}")
+    slowed = summary.slowed
     if slowed:
         out.print(f"[yellow]{len(slowed)} window{'s' * (len(slowed) != 1)} slowed by outside "
                   "load, left out of the speedups[/] (their starts' other windows carry them; "
@@ -212,31 +213,29 @@ def print_outcome(summary: dict[str, Any], out: Console, elapsed: float) -> None
             out.print(escape(f"  {w}"), highlight=False, soft_wrap=True)
         if len(slowed) > 5:
             out.print(f"  ... and {len(slowed) - 5} more", highlight=False)
-    cost = summary.get("cost")
-    if cost:
-        out.print(f"{cost['search']} search: {cost['engine_starts']} engine starts, "
-                  f"{cost['windows']} windows (the grid of this plan: "
-                  f"{cost['grid_engine_starts']} starts, {cost['grid_windows']} windows)",
+    cost = summary.cost
+    out.print(f"{cost.search} search: {cost.engine_starts} engine starts, {cost.windows} "
+              f"windows (the grid of this plan: {cost.grid_engine_starts} starts, "
+              f"{cost.grid_windows} windows)", soft_wrap=True)
+    for p in summary.promotions:
+        out.print(escape(f"{p.status} {p.traffic_class}: {p.path}"), soft_wrap=True)
+    cmp = summary.comparison
+    if cmp is not None:
+        out.print(escape(f"against the last sweep of this plan ({cmp.previous}): "
+                         f"{cmp.summary} ({cmp.markdown})"), soft_wrap=True)
+        if cmp.message:
+            out.print(f"[red]{escape(cmp.message)}[/]", soft_wrap=True)
+    if summary.report:
+        out.print(escape(f"report (every candidate, plots): {summary.report}"),
                   soft_wrap=True)
-    for p in summary["promotions"]:
-        out.print(escape(f"{p['status']} {p['traffic_class']}: {p['path']}"), soft_wrap=True)
-    cmp = summary.get("comparison")
-    if cmp:
-        out.print(escape(f"against the last sweep of this plan ({cmp['previous']}): "
-                         f"{cmp['summary']} ({cmp['markdown']})"), soft_wrap=True)
-        if cmp["message"]:
-            out.print(f"[red]{escape(cmp['message'])}[/]", soft_wrap=True)
-    if summary["report"]:
-        out.print(escape(f"report (every candidate, plots): {summary['report']}"),
-                  soft_wrap=True)
-    uri = summary["tracking_uri"]
-    if summary["tracking_error"]:
-        out.print(f"[yellow]MLflow was unreachable ({escape(summary['tracking_error'])}); "
-                  f"{summary['unlogged']} windows are kept locally and synced on the next run[/]")
-    where = summary.get("run_link") or f"mlflow ui --backend-store-uri {uri}"
-    out.print(escape(f"results: {where}  (experiment '{summary['experiment']}', parent run "
-                     f"{summary['parent_run_id']})"), soft_wrap=True)
-    deploy = deploy_lines(summary["table"], summary["promotions"])
+    uri = summary.tracking_uri
+    if summary.tracking_error:
+        out.print(f"[yellow]MLflow was unreachable ({escape(summary.tracking_error)}); "
+                  f"{summary.unlogged} windows are kept locally and synced on the next run[/]")
+    where = summary.run_link or f"mlflow ui --backend-store-uri {uri}"
+    out.print(escape(f"results: {where}  (experiment '{summary.experiment}', parent run "
+                     f"{summary.parent_run_id})"), soft_wrap=True)
+    deploy = deploy_lines(summary.table, [p.model_dump() for p in summary.promotions])
     if deploy:
         out.print("[bold]what to deploy, per traffic class[/]")
         for line in deploy:

@@ -5,6 +5,14 @@
 process or on another worker and sees the same sweep.
 """
 
+from specflow.records.summaries import (
+    NextRound,
+    Prepared,
+    SoakSummary,
+    SweepResult,
+    SweepSummary,
+    UnitResult,
+)
 from specflow.steps.context import Context, OnRound, OnWindow, headroom_reports, open_sweep
 from specflow.steps.decide import Decided, decide, outcome_summary
 from specflow.steps.measure import (
@@ -28,4 +36,5 @@ __all__ = [
     "unit_of", "OnWindow", "OnRound", "Decided", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
     "log_round", "progress", "run_closing_baseline", "run_start", "SoakResult", "run_soak",
+    "NextRound", "Prepared", "SoakSummary", "SweepResult", "SweepSummary", "UnitResult",
 ]

@@ -14,6 +14,7 @@ from specflow.decision.choose import analyze, decision_rows
 from specflow.decision.model import BASELINE_METHOD, Analysis, AnalysisError
 from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
+from specflow.records.summaries import ComparisonLine, PromotionLine, SearchCost, SweepSummary
 from specflow.results import console, report
 from specflow.search import predict, profiles, rounds
 from specflow.search.plan import BandKey, final_rules, spent_by, split_baseline
@@ -238,39 +239,40 @@ def _run_link(ctx: Context) -> str | None:
         return None
 
 
-def outcome_summary(ctx: Context, outcome: Decided) -> dict[str, Any]:
-    """A JSON-able summary of the sweep for the CLI and the flow's return value."""
+def outcome_summary(ctx: Context, outcome: Decided) -> SweepSummary:
+    """The sweep's decision for the CLI and the flow's return value."""
     entries = list(ctx.ledger.entries())
-    return {
-        "decided": outcome.decided, "problems": outcome.problems,
-        "report": str(outcome.report) if outcome.report else None,
-        "plots": [str(p) for p in outcome.plots],
-        "promotions": [{"traffic_class": p.traffic_class, "status": p.status,
-                        "version": p.version, "path": str(p.path)} for p in outcome.promotions],
-        "table": outcome.table,
-        "windows": len(entries), "ok": sum(e.measurement.ok for e in entries),
-        "slowed": list(outcome.slowed),
-        "unlogged": sum(not e.logged for e in entries),
-        "tracking_uri": ctx.spec.tracking.uri, "tracking_error": ctx.tracking_error,
-        "experiment": experiment_name(ctx.loaded), "parent_run_id": ctx.parent_run_id,
-        "run_link": _run_link(ctx),
-        "missing": [k.id for k in missing(ctx)],
-        "cost": search_cost(ctx),
-        "comparison": _comparison(outcome.revalidation),
-    }
+    return SweepSummary(
+        decided=outcome.decided, problems=outcome.problems,
+        report=str(outcome.report) if outcome.report else None,
+        plots=[str(p) for p in outcome.plots],
+        promotions=[PromotionLine(traffic_class=p.traffic_class, status=p.status,
+                                  version=p.version, path=str(p.path))
+                    for p in outcome.promotions],
+        table=outcome.table,
+        windows=len(entries), ok=sum(e.measurement.ok for e in entries),
+        slowed=list(outcome.slowed),
+        unlogged=sum(not e.logged for e in entries),
+        tracking_uri=ctx.spec.tracking.uri, tracking_error=ctx.tracking_error,
+        experiment=experiment_name(ctx.loaded), parent_run_id=ctx.parent_run_id,
+        run_link=_run_link(ctx),
+        missing=[k.id for k in missing(ctx)],
+        cost=search_cost(ctx),
+        comparison=_comparison(outcome.revalidation),
+    )
 
 
-def _comparison(r: Revalidation) -> dict[str, Any] | None:
+def _comparison(r: Revalidation) -> ComparisonLine | None:
     if r.comparison is None:
         return None
-    return {"previous": r.previous, "summary": r.comparison.summary,
-            "markdown": str(r.markdown) if r.markdown else None,
-            "regressions": len(r.comparison.regressions),
-            "champion_regressed": sorted(r.regressed), "applied": r.applied,
-            "message": regressed_message(r) if r.regressed else None}
+    return ComparisonLine(previous=r.previous, summary=r.comparison.summary,
+                          markdown=str(r.markdown) if r.markdown else None,
+                          regressions=len(r.comparison.regressions),
+                          champion_regressed=sorted(r.regressed), applied=r.applied,
+                          message=regressed_message(r) if r.regressed else None)
 
 
-def search_cost(ctx: Context) -> dict[str, Any]:
+def search_cost(ctx: Context) -> SearchCost:
     """Engine starts and windows spent, against what the grid of the same plan costs (every
     engine config started once, its windows at every point, the closing baseline)."""
     sweep = ctx.spec.sweep
@@ -286,9 +288,9 @@ def search_cost(ctx: Context) -> dict[str, Any]:
     points = len(ctx.spec.workload) * len(set(sweep.concurrency))
     configs = len(ctx.plan.engine_configs)
     closing = int(sweep.closing_baseline_repeats > 0 and base is not None)
-    return {"search": sweep.search if sweep.design == "race" else "exhaustive",
-            "engine_starts": s.engine_starts, "windows": s.windows,
-            "engine_seconds": round(s.engine_seconds, 1),
-            "grid_engine_starts": configs + closing,
-            "grid_windows": points * (configs * sweep.repeats
-                                      + closing * sweep.closing_baseline_repeats)}
+    return SearchCost(search=sweep.search if sweep.design == "race" else "exhaustive",
+                      engine_starts=s.engine_starts, windows=s.windows,
+                      engine_seconds=round(s.engine_seconds, 1),
+                      grid_engine_starts=configs + closing,
+                      grid_windows=points * (configs * sweep.repeats
+                                             + closing * sweep.closing_baseline_repeats))

@@ -15,6 +15,7 @@ from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, run_engine
 from specflow.engine.server import EngineFailure, EngineStartError, FailureKind
 from specflow.records.measurement import AGAIN, Measurement, WindowKey
+from specflow.records.summaries import UnitResult
 from specflow.search import rounds
 from specflow.search.plan import EngineStart
 from specflow.spec.compile import EngineConfig
@@ -81,13 +82,12 @@ def _refused(ec: EngineConfig, windows: Sequence[Window], h: Headroom) -> list[M
 
 def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
                on_window: OnWindow | None = None, start: EngineStart | None = None
-               ) -> dict[str, Any]:
+               ) -> UnitResult:
     """Measure the windows of `ec` that are not finished yet; finished ones are not redone.
     With a planned `start`, each window records its place in the run order and its round."""
     finished = ctx.ledger.finished()
     todo = [w for w in windows if w.key(ec).id not in finished]
-    summary = {"engine": ec.name, "hash": ec.hash, "skipped": len(windows) - len(todo),
-               "ok": 0, "failed": 0, "started": False}
+    summary = UnitResult(engine=ec.name, hash=ec.hash, skipped=len(windows) - len(todo))
     if not todo:
         return summary
     h = ctx.headroom[ec.hash]
@@ -96,7 +96,7 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
     else:
         if ctx.spec.backend.kind == "local":
             ctx.ledger.engine_started(ec.name, ec.hash, HOST, device.owned())
-            summary["started"] = True
+            summary.started = True
         results = run_engine(ec, ctx.spec.backend, todo, ctx.workdir / "runs", skip=finished,
                              tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model,
                              again=(slowed_again(ctx, ec, windows, start)
@@ -104,12 +104,15 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
     t0 = time.monotonic()
     for m in results:
         m = replace(m, prompt_hash=m.prompt_hash or ctx.datasets[m.key.workload].prompt_hash,
-                    engine_s=round(time.monotonic() - t0, 3) if summary["started"] else 0.0)
+                    engine_s=round(time.monotonic() - t0, 3) if summary.started else 0.0)
         if start is not None:
             m = replace(m, seq=start.seq, stage=start.stage, round=start.round)
         ctx.ledger.record(m)
         ctx.log(m)
-        summary["ok" if m.ok else "failed"] += 1
+        if m.ok:
+            summary.ok += 1
+        else:
+            summary.failed += 1
         if on_window is not None:
             on_window(m)
     return summary
@@ -131,11 +134,11 @@ def slowed_again(ctx: Context, ec: EngineConfig, windows: Sequence[Window], star
     return pick
 
 
-def measure(ctx: Context, engine_hash: str, on_window: OnWindow | None = None) -> dict[str, Any]:
+def measure(ctx: Context, engine_hash: str, on_window: OnWindow | None = None) -> UnitResult:
     """Every opening window of one engine config; raises EngineStartError when a retry may help."""
     ec = ctx.engine(engine_hash)
     summary = run_config(ctx, ec, ctx.windows, on_window)
-    if summary["started"] and summary["ok"] == 0 and summary["failed"]:
+    if summary.started and summary.ok == 0 and summary.failed:
         kinds = {e.measurement.failure for e in ctx.ledger.entries()
                  if e.measurement.key.engine_hash == ec.hash and not e.measurement.ok}
         if kinds and kinds <= RETRYABLE_START_FAILURES:
@@ -145,11 +148,11 @@ def measure(ctx: Context, engine_hash: str, on_window: OnWindow | None = None) -
     return summary
 
 
-def run_closing_baseline(ctx: Context, on_window: OnWindow | None = None) -> dict[str, Any]:
+def run_closing_baseline(ctx: Context, on_window: OnWindow | None = None) -> UnitResult:
     """Measure the baseline again after the candidates (skipped when already done)."""
     ec = ctx.baseline()
     if ec is None or not ctx.spec.sweep.closing_baseline_repeats:
-        return {"engine": None, "skipped": 0, "ok": 0, "failed": 0, "started": False}
+        return UnitResult(engine=None)
     return run_config(ctx, ec, ctx.closing_windows(), on_window)
 
 
@@ -190,16 +193,16 @@ def progress(ctx: Context) -> rounds.SearchState:
     return rounds.replay(ctx.shape(), ctx.spec.promote, plan_measurements(ctx), refused(ctx))
 
 
-def run_start(ctx: Context, seq: int, on_window: OnWindow | None = None) -> dict[str, Any]:
+def run_start(ctx: Context, seq: int, on_window: OnWindow | None = None) -> UnitResult:
     """Measure the engine start at position `seq` of the current round (nothing when that round
     is over: a retried task finds its windows finished)."""
     return _run_start(ctx, seq, *unit_of(ctx, "start", str(seq)), on_window)
 
 
 def _run_start(ctx: Context, seq: int, ec: EngineConfig | None, windows: Sequence[Window],
-               start: EngineStart | None, on_window: OnWindow | None) -> dict[str, Any]:
+               start: EngineStart | None, on_window: OnWindow | None) -> UnitResult:
     if ec is None or start is None:
-        return {"engine": None, "seq": seq, "skipped": 0, "ok": 0, "failed": 0, "started": False}
+        return UnitResult(engine=None, seq=seq)
     if ec.hash not in ctx.headroom:  # an N schedule derived by the race
         ctx.headroom[ec.hash] = headroom(ctx.spec, ec)
         schedule = (ec.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
@@ -208,10 +211,9 @@ def _run_start(ctx: Context, seq: int, ec: EngineConfig | None, windows: Sequenc
         if error is not None:  # the installed vLLM rejects it: its windows fail, no start
             failed = _record_failed(ctx, ec, windows, "schedule_rejected", error, start,
                                     on_window)
-            return {"engine": ec.name, "hash": ec.hash, "seq": start.seq, "skipped": 0,
-                    "ok": 0, "failed": failed, "started": False}
+            return UnitResult(engine=ec.name, hash=ec.hash, seq=start.seq, failed=failed)
     summary = run_config(ctx, ec, windows, on_window, start)
-    return {**summary, "seq": seq, "start": start.start, "stage": start.stage}
+    return summary.model_copy(update={"seq": seq, "start": start.start, "stage": start.stage})
 
 
 def log_round(ctx: Context, progress: rounds.SearchState) -> None:
@@ -265,7 +267,7 @@ def unit_of(ctx: Context, kind: str, key: str
 
 
 def run_unit(ctx: Context, kind: str, key: str, on_window: OnWindow | None = None
-             ) -> dict[str, Any]:
+             ) -> UnitResult:
     """Measure one unit (see UNIT_KINDS) after pushing what an earlier attempt at it left
     unlogged; raises EngineStartError when a retry may help and DevicesShort when this
     worker's device set cannot hold the engine."""

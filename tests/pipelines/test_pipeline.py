@@ -104,7 +104,8 @@ def _runs(tmp: Path) -> tuple[object, list]:
 
 
 _TASK = ("import json, sys; from pipelines.sweep import measure_engine; "
-         "print(json.dumps(measure_engine.fn(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3])))")
+         "print(measure_engine.fn(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3])"
+         ".model_dump_json())")
 
 
 @pytest.mark.engine

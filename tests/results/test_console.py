@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from specflow.decision.choose import analyze, decision_rows
+from specflow.records.summaries import SearchCost, SweepSummary
 from specflow.results.console import NARROW, decision_lines, deploy_lines, print_outcome
 from specflow.results.report import decision_note
 from specflow.spec.schema import PromoteSpec
@@ -20,7 +21,7 @@ PATH = "/work/main/.specflow/sweeps/ccb4068616fbe85e/report/report.md"
 CI = re.compile(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]")
 
 
-def _summary() -> dict:
+def _summary() -> SweepSummary:
     e3 = engine("eagle3-n3-with-a-long-engine-name", "eagle3", 3)
     ng = engine("ngram-n4", "ngram", 4)
     records, close = sweep([Cand(e3, {1: 1.6, 8: 1.0}), Cand(ng, {1: 1.1, 8: 1.0})],
@@ -28,17 +29,18 @@ def _summary() -> dict:
                            rng=np.random.default_rng(0))
     result = analyze(records, PromoteSpec(), closing_baseline=close)
     table = [row for r in result.classes for row in decision_rows(r)]
-    return {"table": table, "problems": [LONG], "ok": 30, "windows": 30, "missing": [],
-            "promotions": [], "report": PATH, "tracking_uri": "sqlite:///m.db",
-            "tracking_error": None, "experiment": "e", "parent_run_id": "abc",
-            "run_link": "mlflow ui --backend-store-uri sqlite:///m.db, then open "
-                        "http://127.0.0.1:5000/#/experiments/1/runs/abc",
-            "cost": {"search": "adaptive", "engine_starts": 9, "windows": 72,
-                     "engine_seconds": 600.0, "grid_engine_starts": 17, "grid_windows": 136}}
+    return SweepSummary(
+        decided=True, table=table, problems=[LONG], ok=30, windows=30, missing=[],
+        promotions=[], report=PATH, plots=[], slowed=[], unlogged=0,
+        tracking_uri="sqlite:///m.db", tracking_error=None, experiment="e",
+        parent_run_id="abc", run_link="mlflow ui --backend-store-uri sqlite:///m.db, then open "
+                                      "http://127.0.0.1:5000/#/experiments/1/runs/abc",
+        cost=SearchCost(search="adaptive", engine_starts=9, windows=72, engine_seconds=600.0,
+                        grid_engine_starts=17, grid_windows=136), comparison=None)
 
 
 def test_decision_lines_name_what_each_band_deploys() -> None:
-    lines = decision_lines(_summary()["table"])
+    lines = decision_lines(_summary().table)
     assert [(r["band"], r["deploy"]) for r in lines] == [
         ("c1", "eagle3-n3-with-a-long-engine-name"), ("c8", "off (baseline)")]
     assert CI.fullmatch(lines[0]["speedup [CI]"])
@@ -68,7 +70,7 @@ def test_a_narrow_console_never_splits_a_band_or_its_interval(width: int) -> Non
 def test_the_last_lines_say_what_to_deploy_per_class_in_words() -> None:
     """A class that speculates in one band and not in another; a class concluded off; an
     undecided class; a decision the regression gate refused."""
-    table = _summary()["table"]
+    table = _summary().table
     (math,) = deploy_lines(table)
     c1 = next(r for r in table if r["band"] == "c1" and r["verdict"] == "wins")
     assert math == (f"math: eagle3 with N=3 at concurrency 1: {c1['speedup']:.2f}x the "
@@ -101,7 +103,7 @@ def test_a_wide_console_gets_the_table() -> None:
 
 
 def test_the_mlflow_note_is_the_decision_table_with_the_champions() -> None:
-    lines = decision_lines(_summary()["table"])
+    lines = decision_lines(_summary().table)
     champions = [("math", "promoted, version 3: /p/math/champion.json")]
     note = decision_note("Decision per traffic class and concurrency band", lines, champions)
     rows = note.splitlines()
@@ -141,7 +143,8 @@ def test_a_window_measured_again_and_the_slowed_ones_are_said() -> None:
     slowed = [f"baseline at gsm8k c=1, start 0 repeat {r}: 0.60x its start's other windows "
               "(-9.0 robust SDs)" for r in range(7)]
     out = StringIO()
-    print_outcome({**_summary(), "slowed": slowed}, Console(file=out, width=120), 1.0)
+    print_outcome(_summary().model_copy(update={"slowed": slowed}), Console(file=out, width=120),
+                  1.0)
     text = out.getvalue()
     assert ("7 windows slowed by outside load, left out of the speedups (their starts' other "
             "windows carry them; the report lists each):") in text

@@ -108,13 +108,19 @@ def test_the_documented_automation_is_one_prefect_accepts() -> None:
     (block,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
     data = yaml.safe_load(block.replace("<your Slack or email block's id>", str(uuid.uuid4())))
     automation = AutomationCore.model_validate(data)
-    state = pipelines.sweep._ended({"outcome": {"comparison": {"message": "regressed"}}})
+    from specflow.records.summaries import ComparisonLine, SweepResult, SweepSummary
+
+    def result(message: str | None) -> SweepResult:
+        line = ComparisonLine.model_construct(message=message) if message else None
+        return SweepResult.model_construct(outcome=SweepSummary.model_construct(comparison=line))
+
+    state = pipelines.sweep._ended(result("regressed"))
     assert automation.trigger.expect == {f"prefect.flow-run.{state.name}"}  # type: ignore[union-attr]
     assert automation.trigger.match_related.root["prefect.resource.name"] == (  # type: ignore[union-attr]
         pipelines.sweep.sweep_flow.name)
     assert state.is_completed() and state.message == "regressed"
-    assert pipelines.sweep._ended({"outcome": {"comparison": None}}) == {
-        "outcome": {"comparison": None}}
+    quiet = result(None)
+    assert pipelines.sweep._ended(quiet) is quiet
 
 
 def test_a_comparison_replaces_the_fixed_acceptance_drop_threshold(tmp_path: Path) -> None:
