@@ -16,6 +16,9 @@ _.kv_bytes_per_token_draft
 _.concurrency_at_context_without_drafter
 _.context_len
 _.kv_tokens
+_.skipped  # records/summaries.py: fields of the flow's result (Prefect and the CLI's caller)
+_.recorded_failed
+_.champion_regressed
 _.acceptance_drops  # champions/promote.py GateResult
 _.forced
 _.decision_table  # champions/promote.py Evidence, VersionedRecord

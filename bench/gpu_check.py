@@ -45,7 +45,7 @@ from specflow.demo import realshape
 from specflow.engine.server import reported_kv
 from specflow.records.measurement import Measurement
 from specflow.results.ledger import Ledger
-from specflow.spec.memory import arch_from_dir, safetensors_params
+from specflow.spec.architecture import arch_from_dir, safetensors_params
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "experiment=gpu_check"

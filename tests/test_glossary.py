@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from specflow.champions.promote import BandRecord, ChampionRecord, Promotion
-from specflow.decision.choose import analyze, decision_rows
+from specflow.decision.choose import analyze
 from specflow.decision.compare import Finding
 from specflow.decision.model import Outcome, VerdictWord
 from specflow.decision.race import BandState
+from specflow.decision.wording import decision_rows
 from specflow.results.console import decision_lines, deploy_lines
 from specflow.results.report import write_report
 from specflow.spec.memory import Fit

@@ -44,8 +44,8 @@ from typing import Any, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from specflow.decision.choose import decision_rows
 from specflow.decision.model import Analysis, ClassResult, Decision, Outcome, Verdict
+from specflow.decision.wording import decision_rows
 from specflow.records.fsio import BeforeReplace, atomic_write_json
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import PromoteSpec

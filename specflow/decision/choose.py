@@ -41,16 +41,16 @@ says how many engine starts would settle it at the observed noise.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from specflow.decision.aggregate import aggregate, median_curve, screened_starts
-from specflow.decision.bands import bands_for, build_schedule
+from specflow.decision.bands import bands_for
+from specflow.decision.deployment import class_deployment, pick, tie_key
 from specflow.decision.gates import (
     QualityReference,
     quality_check,
@@ -64,7 +64,6 @@ from specflow.decision.model import (
     Band,
     ClassResult,
     Decision,
-    Deployment,
     Drift,
     Estimate,
     PointSpeedup,
@@ -74,12 +73,18 @@ from specflow.decision.model import (
     Verdict,
 )
 from specflow.decision.race import BandState
+from specflow.decision.wording import (
+    band_p_value,
+    leader,
+    off_reasons,
+    open_why,
+    settle_phrase,
+    starts_needed,
+    winner_reasons,
+)
 from specflow.records.measurement import Measurement
-from specflow.spec.methods import METHODS
 from specflow.spec.schema import PromoteSpec
-from specflow.stats.critical import z_value
 from specflow.stats.multiplicity import holm
-from specflow.stats.power import starts_for_power
 from specflow.stats.replicates import (
     Stage,
     StartNoise,
@@ -89,33 +94,6 @@ from specflow.stats.replicates import (
     filter_stage,
     start_noise,
 )
-
-
-def _cost(method: str) -> int:
-    info = METHODS.get(method)
-    return info.cost_rank if info is not None else len(METHODS)
-
-
-def _tie_key(v: Verdict) -> tuple[Any, ...]:
-    return (v.num_speculative_tokens, _cost(v.method), -(v.score or 0.0), v.engine, v.engine_hash)
-
-
-def pick(eligible: Sequence[Verdict], tie_tolerance: float) -> tuple[Verdict, list[Verdict]]:
-    """The winner among eligible verdicts, and the others with a note on why they lost."""
-    best = max(v.score or 0.0 for v in eligible)
-    tied = [v for v in eligible if (v.score or 0.0) >= best * (1 - tie_tolerance)]
-    winner = min(tied, key=_tie_key)
-    others = []
-    for v in eligible:
-        if v is winner:
-            continue
-        if any(v is t for t in tied):
-            note = (f"tied with {winner.engine} (lower bounds within {tie_tolerance:.0%}); "
-                    "the smaller N, then the cheaper method is preferred")
-        else:
-            note = f"lower bound {v.score:.3f} < winner's {winner.score:.3f}"
-        others.append(dataclasses.replace(v, note=note))
-    return dataclasses.replace(winner, chosen=True), others
 
 
 @dataclass(frozen=True)
@@ -319,148 +297,30 @@ def _band_notes(inputs: _BandInputs, band: Band) -> list[str]:
     return notes
 
 
-def _winner_reasons(winner: Verdict, promote: PromoteSpec) -> tuple[str, ...]:
-    """The winner's evidence: its worst point's speedup, its quality check, the SLOs."""
-    w, q = winner.worst, winner.quality
-    assert w is not None  # eligible implies measured speedups
-    return (
-        f"{winner.engine} ({winner.method}, N={winner.num_speculative_tokens}): speedup lower "
-        f"bound {w.speedup.lo:.3f} >= {1 + promote.margin:.3f} at its worst point "
-        f"{w.workload} c={w.concurrency} (speedup {w.speedup.value:.3f}, "
-        f"{w.speedup.confidence:.0%} CI [{w.speedup.lo:.3f}, {w.speedup.hi:.3f}])",
-        f"quality: mismatched (run, request) pairs {q.summary}; the {promote.confidence:.0%} "
-        f"lower bound of the excess over the baseline's rate is within the tolerance "
-        f"{q.tolerance:.1%} at every level"
-        if q is not None else "quality: not evaluated",
-        "latency SLOs met at the worst repeat"
-        if any(b is not None for b in promote.slo.model_dump().values())
-        else "no latency SLOs set",
-    )
-
-
-def _off_reasons(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
-    """Why speculation is off in a band: nothing measured, or every candidate ruled out."""
-    if not verdicts:
-        return ("no speculative candidate was measured in this band",)
-    return (f"speculation off: every one of {len(verdicts)} candidates is ruled out",
-            *(f"{v.engine} ruled out: {v.ruled_out}" for v in verdicts))
-
-
-def _open_why(still_open: Sequence[Verdict], promote: PromoteSpec) -> str:
-    """An undecided band in one line: its open candidates, and its leader (`_leader`)."""
-    names = ", ".join(v.engine for v in still_open)
-    lead = _leader(still_open, promote)
-    return f"{names} neither shown to win nor ruled out" + (f"; {lead}" if lead else "")
-
-
-def _leader(still_open: Sequence[Verdict], promote: PromoteSpec) -> str:
-    """An undecided band's best open candidate: its estimate, how likely it clears the margin
-    (1 - its one-sided p-value at its worst point: a confidence on the data so far, before any
-    correction for its selection), what holds meanwhile, and the starts that would settle it."""
-    best = max(still_open, key=lambda v: v.worst.speedup.value if v.worst else 0.0)
-    if best.worst is None:
-        return ""
-    e = best.worst.speedup
-    need = starts_needed(best.worst, 1 + promote.margin, promote.confidence)
-    settle = (settle_phrase(need, best.engine) if need
-              else f"more engine starts would rule {best.engine} out")
-    return (f"best {best.engine} {e.value:.3f} [{e.lo:.3f}, {e.hi:.3f}] at "
-            f"{best.worst.workload} c={best.worst.concurrency}, clearing {1 + promote.margin:.3f}"
-            f" with {_pct(1 - band_p_value(best))} confidence so far; meanwhile the class keeps "
-            f"its champion; {settle}")
-
-
-def _pct(x: float) -> str:
-    """A confidence in words that never rounds a near-certainty to 100% or a long shot to 0%."""
-    if x >= 0.995:
-        return ">99%"
-    if x < 0.005:
-        return "<1%"
-    return f"{x:.0%}"
-
-
 def _decide_band(inputs: _BandInputs, band: Band, verdicts: Sequence[Verdict],
                  unresolved: str = "") -> Decision:
     """The winner of one band (or "off"/"unresolved"), every candidate ranked, with reasons."""
     levels = tuple(sorted({p.concurrency for p in inputs.baseline_points if p.concurrency in band}))
     eligible = [v for v in verdicts if v.eligible]
-    rejected = sorted((v for v in verdicts if not v.eligible), key=_tie_key)
+    rejected = sorted((v for v in verdicts if not v.eligible), key=tie_key)
     winner: Verdict | None = None
     if eligible and not unresolved:
         winner, others = pick(eligible, inputs.promote.tie_tolerance)
-        reasons = _winner_reasons(winner, inputs.promote)
+        reasons = winner_reasons(winner, inputs.promote)
         candidates = (winner, *sorted(others, key=lambda v: -(v.score or 0.0)), *rejected)
     else:
         # off is concluded only when every candidate is ruled out
         still_open = [v for v in verdicts if v.verdict == "open"]
         if still_open and unresolved:  # the race's why (budget, looks): and its leader
-            lead = _leader(still_open, inputs.promote)
+            lead = leader(still_open, inputs.promote)
             unresolved += f"; {lead}" if lead else ""
-        unresolved = (unresolved or _open_why(still_open, inputs.promote)) if still_open else ""
-        reasons = (f"unresolved: {unresolved}",) if unresolved else _off_reasons(verdicts)
-        candidates = (*sorted(eligible, key=_tie_key), *rejected)
+        unresolved = (unresolved or open_why(still_open, inputs.promote)) if still_open else ""
+        reasons = (f"unresolved: {unresolved}",) if unresolved else off_reasons(verdicts)
+        candidates = (*sorted(eligible, key=tie_key), *rejected)
     return Decision(traffic_class=inputs.traffic_class, band=band, levels=levels,
                     workloads=inputs.workloads, winner=winner, candidates=candidates,
                     reasons=reasons, notes=tuple(_band_notes(inputs, band)),
                     unresolved=unresolved)
-
-
-def _n_per_band(decisions: Sequence[Decision], drafter: str, tie_tolerance: float
-                ) -> tuple[list[tuple[Band, int]], dict[int, Verdict], list[str]]:
-    """The drafter's N in each band (0 where none of its engines is eligible), its engine per N,
-    and notes on bands another drafter won."""
-    notes = []
-    n_by_band: list[tuple[Band, int]] = []
-    engines: dict[int, Verdict] = {}
-    for d in decisions:
-        if d.winner is not None and d.winner.drafter == drafter:
-            chosen: Verdict | None = d.winner
-        else:
-            mine = [v for v in d.candidates if v.drafter == drafter and v.eligible]
-            chosen = pick(mine, tie_tolerance)[0] if mine else None
-        n = chosen.num_speculative_tokens if chosen is not None else 0
-        if chosen is not None:
-            engines[n] = chosen
-        if d.winner is not None and d.winner.drafter != drafter:
-            notes.append(f"band {d.band.label}: {d.winner.engine} won, but one engine serves one "
-                         f"drafter; {drafter} runs N={n} there")
-        n_by_band.append((d.band, n))
-    return n_by_band, engines, notes
-
-
-def _deployment(traffic_class: str, decisions: Sequence[Decision], baseline: PointStats,
-                max_batch_size: int | None, tie_tolerance: float
-                ) -> tuple[Deployment, list[str]]:
-    """One engine per class: the drafter winning most bands, with its best N per band."""
-    baseline_hash = baseline.engine_hash
-    off = Deployment(traffic_class, "off", baseline_hash, baseline.engine, baseline.drafter,
-                     BASELINE_METHOD, 0, None, baseline_hash,
-                     ("speculation loses or is unproven in every band",))
-    winners = [(i, d.winner) for i, d in enumerate(decisions) if d.winner is not None]
-    if not winners:
-        return off, []
-    wins = Counter(w.drafter for _, w in winners)
-    first = {w.drafter: i for i, w in reversed(winners)}
-    method = {w.drafter: w.method for _, w in winners}
-    drafter = min(wins, key=lambda d: (-wins[d], first[d], _cost(method[d]), d))
-    n_by_band, engines, notes = _n_per_band(decisions, drafter, tie_tolerance)
-    n_max = max(n for _, n in n_by_band)
-    top = engines[n_max]
-    reasons = [f"{drafter} wins {wins[drafter]} of {len(decisions)} bands"]
-    if len({n for _, n in n_by_band}) == 1:
-        return Deployment(traffic_class, "promote", top.engine_hash, top.engine, drafter,
-                          top.method, n_max, None, baseline_hash, tuple(reasons)), notes
-    schedule, fill = build_schedule(n_by_band, max_batch_size)
-    notes += fill
-    if schedule is not None:
-        reasons.append("N changes with load: " + ", ".join(
-            f"{b.label}: N={n}" for b, n in n_by_band))
-        notes.append("the schedule was assembled from fixed-N measurements; sweep it as one "
-                     "engine before relying on it (vLLM drops full CUDA graphs to piecewise for "
-                     "a dynamic N, and the drafter's memory is held even where N=0)")
-    ranges = tuple((start, end, k) for start, end, k in schedule) if schedule else None
-    return Deployment(traffic_class, "promote", top.engine_hash, top.engine, drafter,
-                      top.method, n_max, ranges, baseline_hash, tuple(reasons)), notes
 
 
 def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
@@ -591,47 +451,12 @@ def _decide_class(staged: _ClassVerdicts,
                 "high by the selection, which the test paid for (x candidates)")))
         decisions.append(d)
     explicit = bool(promote.concurrency_bands)
-    deployment, dep_notes = _deployment(inputs.traffic_class, decisions,
-                                        inputs.baseline_points[0],
-                                        staged.bands[-1].hi if explicit else None,
-                                        promote.tie_tolerance)
+    deployment, dep_notes = class_deployment(inputs.traffic_class, decisions,
+                                             inputs.baseline_points[0],
+                                             staged.bands[-1].hi if explicit else None,
+                                             promote.tie_tolerance)
     return ClassResult(inputs.traffic_class, staged.bands, tuple(decisions), deployment,
                        inputs.drift, tuple([*staged.notes, *dep_notes]))
-
-
-def starts_needed(s: PointSpeedup, threshold: float, confidence: float, power: float = 0.8
-                  ) -> int | None:
-    """Engine starts per side that would put the lower bound above `threshold` with `power`,
-    if the observed speedup and noise hold (None when the speedup is below the threshold)."""
-    e = s.speedup
-    gap = math.log(e.value) - math.log(threshold)
-    if gap <= 0:
-        return None
-    if e.hi == e.lo:
-        return max(2, s.starts)
-    se = (math.log(e.hi) - math.log(e.lo)) / (2 * z_value(confidence))
-    need = starts_for_power(s.starts * se ** 2, gap, z_value(confidence), z_value(2 * power - 1))
-    return max(2, math.ceil(need))
-
-
-PRACTICAL_STARTS = 100
-"""Engine starts per side beyond which "would settle it" is no advice: the estimate sits on the
-margin."""
-
-
-def settle_phrase(need: int, what: str, starts: str = "engine starts") -> str:
-    """What would settle `what`: about `need` starts per side, or, past `PRACTICAL_STARTS`, that
-    its estimate sits too close to the margin for starts to settle it."""
-    if need > PRACTICAL_STARTS:
-        return (f"its estimate sits too close to the margin for {starts} to settle {what} "
-                f"(over {PRACTICAL_STARTS} per side; about {need} at the observed noise)")
-    return f"about {need} {starts} per side would settle {what} at the observed noise"
-
-
-def band_p_value(v: Verdict) -> float:
-    """A band's speedup test: every point must clear 1 + margin (intersection-union), so its
-    p-value is the largest of its points'."""
-    return max((s.p_value for s in v.speedups), default=1.0)
 
 
 def _placed(opening: list[Measurement], closing: list[Measurement]
@@ -753,36 +578,3 @@ def _family_corrected(staged: Sequence[_ClassVerdicts], promote: PromoteSpec
                 f"(alpha {alpha:.3g})"),))
     return [dataclasses.replace(s, verdicts=tuple(tuple(vs) for vs in o))
             for s, o in zip(staged, out, strict=True)]
-
-
-def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
-    """The decision table: one row per band x candidate, plus the "off" row of every band.
-    A candidate's verdict: wins, passes (every gate; another chosen), ruled out, open; the off
-    row's: wins (the band concludes off), ruled out (a candidate wins), open (the band is
-    unresolved)."""
-    rows = []
-    for d in result.decisions:
-        for v in d.candidates:
-            s = v.worst.speedup if v.worst is not None else None
-            q = v.quality
-            rows.append({
-                "traffic_class": d.traffic_class, "band": d.band.label, "engine": v.engine,
-                "engine_hash": v.engine_hash, "method": v.method, "N": v.num_speculative_tokens,
-                "verdict": v.verdict,
-                "speedup": s.value if s else None, "lo": s.lo if s else None,
-                "hi": s.hi if s else None,
-                "worst_point": f"{v.worst.workload} c={v.worst.concurrency}" if v.worst else None,
-                "quality": q.summary if q else None,
-                "acceptance_rate": v.acceptance_rate,
-                "why": v.ruled_out if v.verdict == "ruled out"
-                else "; ".join(str(r) for r in v.rejected) or v.note,
-            })
-        rows.append({
-            "traffic_class": d.traffic_class, "band": d.band.label, "engine": "off (baseline)",
-            "engine_hash": result.deployment.baseline_hash, "method": BASELINE_METHOD, "N": 0,
-            "verdict": {"off": "wins", "unresolved": "open"}.get(d.outcome, "ruled out"),
-            "speedup": 1.0, "lo": 1.0, "hi": 1.0, "worst_point": None, "quality": None,
-            "acceptance_rate": None,
-            "why": "; ".join(d.reasons) if d.winner is None else "a candidate passed every gate",
-        })
-    return rows

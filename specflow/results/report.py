@@ -17,9 +17,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from specflow.decision.choose import decision_rows
 from specflow.decision.model import Analysis, ClassResult, Estimate, PointSpeedup, PointStats
 from specflow.decision.requests import LevelRequests, agreement, analyze_requests
+from specflow.decision.wording import decision_rows
 from specflow.records.fsio import atomic_write
 from specflow.records.measurement import Measurement
 from specflow.search.predict import Curve, Versus, summary

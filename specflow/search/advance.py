@@ -8,15 +8,10 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from specflow.decision.choose import (
-    analyze,
-    band_p_value,
-    gate_reasons,
-    settle_phrase,
-    starts_needed,
-)
+from specflow.decision.choose import analyze, gate_reasons
 from specflow.decision.model import Analysis, Verdict
 from specflow.decision.race import BandState, ContenderEstimate
+from specflow.decision.wording import band_p_value, settle_phrase, starts_needed
 from specflow.records.measurement import Measurement
 from specflow.search import predict
 from specflow.search.budget import clear_leader, dominated

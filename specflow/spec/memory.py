@@ -1,34 +1,32 @@
-"""Memory headroom of an engine config before anything starts: weights, reserve, KV cache.
+"""Memory headroom of an engine config before anything starts: weights, reserve, KV cache,
+the fit, the breakdown table and the fixes.
 
-Pure: no vLLM, no I/O except reading a local model directory's config.json and safetensors
-headers. KV accounting follows vLLM 0.32's v1/core/kv_cache_utils.py: per-layer pages of
-`block_size` tokens, layers grouped by kind (uniform type -> one group; hybrid -> groups of
-equal size with pages unified), `num_blocks = kv_bytes // bytes_per_block`, and the reported
-token capacity `int(num_blocks / blocks_per_request(max_model_len) * max_model_len)`.
+Pure: no vLLM, no I/O except reading a local model directory (`specflow.spec.architecture`).
+The KV cache is accounted as vLLM 0.32 does (`specflow.spec.kvcache`).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import computed_field
 
-from specflow.spec import hfcache
+from specflow.spec.architecture import arch_from_dir, snapshot_dir
 from specflow.spec.compile import EngineConfig
+from specflow.spec.kvcache import (
+    CacheLayer,
+    KvCapacity,
+    cache_layers,
+    kv_bytes_per_token,
+    kv_capacity,
+)
 from specflow.spec.methods import METHODS
 from specflow.spec.schema import (
     Architecture,
     FullAttention,
-    LayerGroup,
-    LinearAttention,
     MultiLatentAttention,
-    SlidingWindow,
     Spec,
 )
 
@@ -46,8 +44,6 @@ QUANT_BITS_PER_PARAM = {
     "compressed-tensors": 8.0,  # assumed fp8 (W8A8), the common case
 }
 """Bits per quantized weight including scales; embeddings and LM head stay in the model dtype."""
-KV_SHARED_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
-"""Drafter config types whose attention reads the target's KV cache (no KV of their own)."""
 
 ASSUMPTIONS = (
     "activations of the profiling pass ~ max_num_batched_tokens x hidden x dtype x 16, plus "
@@ -62,252 +58,6 @@ ASSUMPTIONS = (
 )
 
 Fit = Literal["fits", "warn", "refuse"]
-
-
-# --------------------------------------------------------------------------------------------
-# Layers as the KV cache sees them (per rank)
-
-
-@dataclass(frozen=True)
-class CacheLayer:
-    """One attention layer's cache on one rank."""
-
-    kind: Literal["full", "sliding", "mla", "linear"]
-    bytes_per_token: int
-    """K+V (or latent) bytes per token; 0 for linear-attention layers."""
-    window: int | None = None
-    state_bytes: int = 0
-    """Constant per-sequence state (linear attention)."""
-    owner: Literal["target", "draft"] = "target"
-
-
-def _kv_heads_per_rank(kv_heads: int, tp: int) -> int:
-    return max(1, kv_heads // tp)
-
-
-def cache_layers(arch: Architecture, tp: int, kv_bytes: int, dtype_bytes: int,
-                 owner: Literal["target", "draft"] = "target") -> list[CacheLayer]:
-    """Per-layer caches of an architecture on one rank of tensor-parallel degree `tp`."""
-    out: list[CacheLayer] = []
-    for g in arch.layers:
-        if isinstance(g, FullAttention):
-            bpt = 2 * _kv_heads_per_rank(g.num_kv_heads, tp) * g.head_dim * kv_bytes
-            out += [CacheLayer("full", bpt, owner=owner)] * g.count
-        elif isinstance(g, SlidingWindow):
-            bpt = 2 * _kv_heads_per_rank(g.num_kv_heads, tp) * g.head_dim * kv_bytes
-            out += [CacheLayer("sliding", bpt, window=g.window, owner=owner)] * g.count
-        elif isinstance(g, MultiLatentAttention):
-            bpt = (g.kv_lora_rank + g.qk_rope_head_dim) * kv_bytes  # one latent, not per head
-            out += [CacheLayer("mla", bpt, owner=owner)] * g.count
-        elif isinstance(g, LinearAttention):
-            out += [CacheLayer("linear", 0, state_bytes=linear_state_bytes(g, tp, dtype_bytes),
-                               owner=owner)] * g.count
-    return out
-
-
-def linear_state_bytes(g: LinearAttention, tp: int, dtype_bytes: int) -> int:
-    """Per-sequence state of one Gated-DeltaNet-style layer on one rank."""
-    key_dim = g.num_key_heads * g.key_head_dim
-    value_dim = g.num_value_heads * g.value_head_dim
-    conv = (g.conv_kernel - 1) * (2 * key_dim + value_dim) // tp * dtype_bytes
-    recurrent = max(1, g.num_value_heads // tp) * g.key_head_dim * g.value_head_dim * 4
-    return conv + recurrent
-
-
-def kv_bytes_per_token(layers: Sequence[CacheLayer]) -> int:
-    """Bytes per token summed over attention layers (sliding windows not capped)."""
-    return sum(layer.bytes_per_token for layer in layers)
-
-
-# --------------------------------------------------------------------------------------------
-# vLLM's block accounting
-
-
-@dataclass(frozen=True)
-class _Spec:
-    kind: str
-    page: int
-    block_size: int
-    window: int | None
-
-
-@dataclass(frozen=True)
-class KvCapacity:
-    """KV cache capacity as vLLM computes and reports it."""
-
-    block_size: int
-    num_blocks: int
-    bytes_per_block: int
-    tokens: int
-    """vLLM's "KV cache size: N tokens" (at max_model_len)."""
-    max_concurrency: float
-    """vLLM's "Maximum concurrency for max_model_len tokens per request"."""
-    blocks_per_request: int
-
-
-def _blocks(spec: _Spec, length: int, max_model_len: int, in_flight: int) -> int:
-    if spec.kind == "sliding":
-        assert spec.window is not None
-        tokens = min(spec.window - 1 + in_flight, length, max_model_len)
-        return math.ceil(tokens / spec.block_size) + 1
-    if spec.kind == "linear":
-        return 1
-    return math.ceil(length / spec.block_size)
-
-
-def _groups(layers: Sequence[CacheLayer], block_size: int) -> tuple[int, list[tuple[_Spec, int]]]:
-    """(bytes_per_block, [(group spec, layers in group)]) following vLLM's grouping."""
-    attn = [lyr for lyr in layers if lyr.kind != "linear"]
-    linear = [lyr for lyr in layers if lyr.kind == "linear"]
-    specs = [_Spec(lyr.kind if lyr.kind != "mla" else "full", lyr.bytes_per_token * block_size,
-                   block_size, lyr.window) for lyr in attn]
-    kinds = {(s.kind, s.window) for s in specs}
-    if not linear and len(kinds) == 1:
-        # uniform spec or uniform type: one group holding every layer
-        return sum(s.page for s in specs), [(specs[0], len(specs))]
-    if linear:
-        # vLLM raises the attention block size until a page holds a whole linear-attention state,
-        # then pads the linear layers' pages to the attention page.
-        state = max(lyr.state_bytes for lyr in linear)
-        base = min(s.page for s in specs) if specs else state
-        factor = max(1, math.ceil(state / base)) if specs else 1
-        specs = [replace(s, page=s.page * factor, block_size=s.block_size * factor) for s in specs]
-        page = max([s.page for s in specs] + [state])
-        specs += [_Spec("linear", page, block_size, None)] * len(linear)
-    max_page = max(s.page for s in specs)
-    specs = [replace(s, block_size=s.block_size * max_page // s.page, page=max_page)
-             if s.page < max_page and max_page % s.page == 0 else s for s in specs]
-    buckets: dict[_Spec, int] = {}
-    for s in specs:
-        buckets[s] = buckets.get(s, 0) + 1
-    lo, hi = min(buckets.values()), max(buckets.values())
-    group_size = hi if hi < lo * 1.5 else lo
-    groups = []
-    for s, n in buckets.items():
-        groups += [(s, group_size)] * math.ceil(n / group_size)
-    return group_size * max_page, groups
-
-
-def kv_capacity(layers: Sequence[CacheLayer], kv_cache_bytes: int, max_model_len: int,
-                block_size: int, in_flight_tokens: int, length: int | None = None) -> KvCapacity:
-    """Blocks, token capacity and max concurrency for a KV budget (vLLM's arithmetic)."""
-    if not layers:
-        return KvCapacity(block_size=block_size, num_blocks=0, bytes_per_block=0, tokens=0,
-                          max_concurrency=math.inf, blocks_per_request=0)
-    bytes_per_block, groups = _groups(layers, block_size)
-    num_blocks = max(0, kv_cache_bytes) // bytes_per_block
-    per_request = sum(_blocks(s, length or max_model_len, max_model_len, in_flight_tokens)
-                      for s, _ in groups)
-    concurrency = num_blocks / per_request if per_request else math.inf
-    return KvCapacity(block_size=block_size, num_blocks=num_blocks,
-                      bytes_per_block=bytes_per_block, tokens=int(concurrency * max_model_len),
-                      max_concurrency=concurrency, blocks_per_request=per_request)
-
-
-# --------------------------------------------------------------------------------------------
-# Architecture from a local model directory (or an HF cache snapshot)
-
-
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    return cfg.get("text_config") or cfg
-
-
-def _typed_layer(t: dict[str, Any], kind: str, count: int, kv: int, head_dim: int
-                 ) -> LayerGroup:
-    """One group of a `layer_types` list (Gemma sliding/global, Qwen3.5 linear/full)."""
-    if kind in ("sliding_attention", "sliding_window"):
-        return SlidingWindow(count=count, num_kv_heads=kv, head_dim=head_dim,
-                             window=int(t["sliding_window"]))
-    if kind == "full_attention":
-        return FullAttention(count=count,
-                             num_kv_heads=int(t.get("num_global_key_value_heads") or kv),
-                             head_dim=int(t.get("global_head_dim") or head_dim))
-    if kind == "linear_attention":
-        return LinearAttention(
-            count=count, num_key_heads=int(t["linear_num_key_heads"]),
-            num_value_heads=int(t["linear_num_value_heads"]),
-            key_head_dim=int(t["linear_key_head_dim"]),
-            value_head_dim=int(t["linear_value_head_dim"]),
-            conv_kernel=int(t.get("linear_conv_kernel_dim", 4)))
-    raise ValueError(f"layer_types: unknown layer type {kind!r}")
-
-
-def _layer_groups(t: dict[str, Any]) -> list[LayerGroup]:
-    """Attention layers of a text config, grouped by kind: MLA, typed layers, sliding or full."""
-    layers_n = int(t["num_hidden_layers"])
-    heads = int(t["num_attention_heads"])
-    kv = int(t.get("num_key_value_heads") or heads)
-    head_dim = int(t.get("head_dim") or int(t["hidden_size"]) // heads)
-    types = t.get("layer_types") or []
-    if "kv_lora_rank" in t and t.get("kv_lora_rank"):
-        return [MultiLatentAttention(count=layers_n, kv_lora_rank=int(t["kv_lora_rank"]),
-                                     qk_rope_head_dim=int(t.get("qk_rope_head_dim", 0)))]
-    if types:
-        return [_typed_layer(t, kind, types.count(kind), kv, head_dim)
-                for kind in dict.fromkeys(types)]
-    if t.get("sliding_window") and t.get("use_sliding_window", True) and \
-            t.get("model_type") not in ("qwen3", "qwen2", "llama"):
-        return [SlidingWindow(count=layers_n, num_kv_heads=kv, head_dim=head_dim,
-                              window=int(t["sliding_window"]))]
-    return [FullAttention(count=layers_n, num_kv_heads=kv, head_dim=head_dim)]
-
-
-def arch_from_config(cfg: dict[str, Any], num_params: float | None = None) -> Architecture:
-    """Architecture facts from a Hugging Face config.json (text models, hybrids, MLA)."""
-    t = _text_config(cfg)
-    layers_n = int(t["num_hidden_layers"])
-    heads = int(t["num_attention_heads"])
-    hidden = int(t["hidden_size"])
-    groups = _layer_groups(t)
-    # A Gemma 4 assistant's layers all read the target's KV (its text_config is gemma4_text)
-    assistant = cfg.get("model_type") in KV_SHARED_MODEL_TYPES or \
-        t.get("model_type") in KV_SHARED_MODEL_TYPES
-    if assistant:
-        groups = []
-    mtp = int(t.get("num_nextn_predict_layers") or t.get("mtp_num_hidden_layers") or 0)
-    vocab = int(t.get("vocab_size") or cfg["vocab_size"])
-    params = num_params or estimate_params(hidden, layers_n, vocab, t)
-    return Architecture(hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab,
-                        num_params=params, layers=groups, mtp_depth=mtp, kv_shared=assistant)
-
-
-def estimate_params(hidden: int, layers: int, vocab: int, t: dict[str, Any]) -> float:
-    """Rough parameter count from dimensions when no weights are at hand."""
-    inter = int(t.get("intermediate_size") or 4 * hidden)
-    experts = int(t.get("num_experts") or t.get("n_routed_experts") or 0)
-    moe_inter = int(t.get("moe_intermediate_size") or 0)
-    mlp = 3 * hidden * (moe_inter * experts if experts else inter)
-    attn = 4 * hidden * hidden
-    return float(layers * (attn + mlp) + 2 * vocab * hidden)
-
-
-def safetensors_params(directory: Path) -> int:
-    """Parameter count from the safetensors headers of a directory (no tensor data read)."""
-    total = 0
-    for path in sorted(directory.glob("*.safetensors")):
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                total += math.prod(entry["shape"])
-    return total
-
-
-def snapshot_dir(model: str, revision: str | None = None) -> Path | None:
-    """A local directory holding `model`: the path itself or its HF cache snapshot."""
-    path = Path(model).expanduser()
-    if (path / "config.json").is_file():
-        return path
-    snap = hfcache.snapshot(model, revision)
-    return snap if snap is not None and (snap / "config.json").is_file() else None
-
-
-def arch_from_dir(directory: Path) -> Architecture:
-    """Architecture of a local model directory (config.json + safetensors headers)."""
-    cfg = json.loads((directory / "config.json").read_text())
-    params = safetensors_params(directory)
-    return arch_from_config(cfg, float(params) if params else None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from specflow.champions import promote
-from specflow.decision.choose import analyze, decision_rows
+from specflow.decision.choose import analyze
 from specflow.decision.model import BASELINE_METHOD, Analysis, AnalysisError
+from specflow.decision.wording import decision_rows
 from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
 from specflow.records.summaries import ComparisonLine, PromotionLine, SearchCost, SweepSummary

@@ -15,8 +15,9 @@ import pytest
 
 from specflow.decision.aggregate import aggregate
 from specflow.decision.bands import build_schedule
-from specflow.decision.choose import analyze, decision_rows
+from specflow.decision.choose import analyze
 from specflow.decision.model import AnalysisError, Band, ClassResult, QualityLevel
+from specflow.decision.wording import decision_rows
 from specflow.engine import vllm_check
 from specflow.records.measurement import Measurement
 from specflow.spec.schema import PromoteSpec, QualitySpec, SloSpec

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from specflow.demo import realshape, tiny
-from specflow.spec.memory import safetensors_params
+from specflow.spec.architecture import safetensors_params
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -32,8 +32,9 @@ from specflow.engine.runner import plan_windows, run_engine
 from specflow.engine.server import reported_kv
 from specflow.records.measurement import Measurement
 from specflow.results.ledger import Ledger
+from specflow.spec.architecture import arch_from_config, arch_from_dir
 from specflow.spec.errors import SpecError
-from specflow.spec.memory import arch_from_config, arch_from_dir, headroom
+from specflow.spec.memory import headroom
 from tests.conftest import run_cli
 
 OVERLAY = "experiment=cpu_seed_methods"

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from specflow.decision.choose import analyze, decision_rows
+from specflow.decision.choose import analyze
+from specflow.decision.wording import decision_rows
 from specflow.records.summaries import SearchCost, SweepSummary
 from specflow.results.console import NARROW, decision_lines, deploy_lines, print_outcome
 from specflow.results.report import decision_note

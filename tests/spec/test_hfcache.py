@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specflow.spec import hfcache
-from specflow.spec.memory import snapshot_dir
+from specflow.spec.architecture import snapshot_dir
 
 VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "HF_DATASETS_CACHE")
 

@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from specflow.config.compose import load, load_plan
-from specflow.spec.memory import (
-    arch_from_config,
-    arch_from_dir,
-    cache_layers,
-    headroom,
-    kv_bytes_per_token,
-    kv_capacity,
-    snapshot_dir,
-)
+from specflow.spec.architecture import arch_from_config, arch_from_dir, snapshot_dir
+from specflow.spec.kvcache import cache_layers, kv_bytes_per_token, kv_capacity
+from specflow.spec.memory import headroom
 from tests.conftest import run_cli
 
 HF = Path(__file__).parents[1] / "data" / "hf_configs"

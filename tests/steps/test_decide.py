@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from specflow.decision.choose import analyze, decision_rows
+from specflow.decision.choose import analyze
+from specflow.decision.wording import decision_rows
 from specflow.spec.schema import PromoteSpec
 from specflow.steps.decide import band_metrics, check_schedules
 from tests.builders import Cand, engine, sweep
