@@ -58,7 +58,7 @@ def test_wheel_runs_compile_and_headroom_from_anywhere(installed: Path, tmp_path
     proc = _run(installed, "headroom", "target=qwen3_8b", "hardware=h200", "drafter=eagle3",
                 "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert {h["verdict"] for h in json.loads(proc.stdout)} == {"fits"}
+    assert {h["fit"] for h in json.loads(proc.stdout)} == {"fits"}
     # the prompt data ships too: an offline workload materialises from the installed package
     code = ("from pathlib import Path; from specflow.config.compose import load; "
             "from specflow.workloads import materialize_all; "
