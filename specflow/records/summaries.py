@@ -9,11 +9,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 
-class _Record(BaseModel):
+class _Summary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Prepared(_Record):
+class Prepared(_Summary):
     """The sweep as `prepare` opened it: what the flow needs to sequence its tasks."""
 
     plan_hash: str
@@ -32,7 +32,7 @@ class Prepared(_Record):
     soak: bool
 
 
-class UnitResult(_Record):
+class UnitResult(_Summary):
     """What measuring one unit did: an engine config, an engine start of a round or the
     closing baseline, measured here (the counts) or dispatched to a work pool (its flow run)."""
 
@@ -60,7 +60,7 @@ class UnitResult(_Record):
     """Windows recorded as failed when a dispatched unit was given up."""
 
 
-class NextRound(_Record):
+class NextRound(_Summary):
     """The racing round to run now, or none (`round` None: the race is over)."""
 
     round: int | None
@@ -71,14 +71,14 @@ class NextRound(_Record):
     windows: int = 0
 
 
-class PromotionLine(_Record):
+class PromotionLine(_Summary):
     traffic_class: str
     status: str
     version: str
     path: str
 
 
-class SearchCost(_Record):
+class SearchCost(_Summary):
     """Engine starts and windows spent, and what the grid of the same plan costs."""
 
     search: str
@@ -89,7 +89,7 @@ class SearchCost(_Record):
     grid_windows: int
 
 
-class ComparisonLine(_Record):
+class ComparisonLine(_Summary):
     """The re-validation's comparison with the previous sweep of the same plan."""
 
     previous: str | None
@@ -103,7 +103,7 @@ class ComparisonLine(_Record):
     """Set when a champion regressed beyond noise (the main job exits 3)."""
 
 
-class SweepSummary(_Record):
+class SweepSummary(_Summary):
     """The decision as the flow returns it and the console prints it."""
 
     decided: bool
@@ -127,7 +127,7 @@ class SweepSummary(_Record):
     comparison: ComparisonLine | None
 
 
-class SoakSummary(_Record):
+class SoakSummary(_Summary):
     engine: str
     windows: int
     lines: list[str]
@@ -135,7 +135,7 @@ class SoakSummary(_Record):
     findings: dict[str, str]
 
 
-class SweepResult(_Record):
+class SweepResult(_Summary):
     """The sweep flow's result."""
 
     plan: Prepared
