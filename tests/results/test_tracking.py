@@ -1,5 +1,6 @@
-"""The MLflow side of a window, on a real MLflow store (sqlite in a temp dir): a run that a killed
-logger left half-written is completed without logging any metric twice."""
+"""The MLflow side of a window and of a champion, on a real MLflow store (sqlite in a temp dir):
+a run that a killed logger left half-written is completed without logging any metric twice; a
+champion is registered in the glossary's words."""
 
 from __future__ import annotations
 
@@ -61,3 +62,19 @@ def test_a_run_killed_before_its_first_metric_is_completed_whole(tracker: Tracke
     history = _history(tracker, bare)
     assert history["output_throughput"] == [(0, 80.0)]
     assert history["acceptance_per_position"] == [(0, 0.7), (1, 0.4)]
+
+
+def test_a_champion_is_registered_with_its_outcome_in_the_glossarys_words(
+        tracker: Tracker, tmp_path: Path) -> None:
+    """The MLflow model registry says what promotion wrote: the version, and the outcome
+    (`promote` or `off`, the words of champion.json and the report), under the alias
+    `champion`."""
+    from tests.champions.test_promote import _promote
+
+    parent = tracker.client.create_run(tracker.experiment_id()).info.run_id
+    for scenario, outcome in (("first", "promote"), ("slower", "off")):
+        p = _promote(scenario, tmp_path / "promoted" / scenario)
+        version = tracker.register_champion(parent, p, "tiny", "cpu")
+        mv = tracker.client.get_model_version_by_alias("specflow-tiny-math", "champion")
+        assert str(mv.version) == version
+        assert mv.tags == {"specflow.version": p.version, "specflow.decision": outcome}
