@@ -61,11 +61,19 @@ WITH_ARGS = ("restore", "compare", "profile")
 CFG_VIEWS = ("job", "all")
 
 
+VALUES = {"--cfg": one_of(CFG_VIEWS), "--markdown": "a file to write",
+          "--out": "a directory to write to"}
+"""What each option with a value expects (for its problem line)."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a problem as the rest of the CLI does (exit 2, no usage dump)."""
 
     def error(self, message: str) -> NoReturn:
         option = re.match(r"argument (?:\S+/)?(\S+): (.*)", message)
+        if option and option[2] == "expected one argument":
+            raise SpecError([Problem(option[1], "needs a value", None,
+                                     VALUES.get(option[1], "a value"))])
         if option:
             raise SpecError([Problem(option[1], option[2], None, "see --help")])
         raise SpecError([Problem("argv", message, None, "see --help")])
@@ -96,7 +104,7 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
     ns, unknown = parser().parse_known_intermixed_args(list(argv))
     problems = [Problem("argv", "unknown option", a, one_of(
         ["--cfg", "--no-vllm-check", "--json", "--markdown", "--out", "--multirun", "--help"]))
-        for a in unknown]
+        for a in unknown if a.startswith("-")]  # (argparse also hands back the words after)
     words: list[str] = ns.words
     bare = [w for w in words if "=" not in w and not w.startswith(("~", "+"))]
     command = "run"

@@ -378,6 +378,24 @@ def test_multirun_runs_the_valid_combinations_and_reports_each_invalid_one(
     assert "#3 workload.chat.max_tokens=-1 sweep.repeats=0: exit 2 (invalid, not run)" in errs
 
 
+def test_the_command_line_says_every_problem_of_its_words_at_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse parses the command line; its problems are said as a config's are: all at once,
+    one line each, exit 2, no usage dump and no traceback."""
+    assert cli.main(["compil", "--bogus", "--cfg=x", "target=qwen3_8b"]) == 2
+    lines = _problem_lines(capsys.readouterr().err)
+    assert [x.split(";")[0] for x in lines] == [
+        "  - argv: unknown option", "  - command: unknown command",
+        "  - --cfg: unknown config view"], lines
+    assert "got '--bogus'" in lines[0] and "did you mean 'compile'?" in lines[1]
+    assert cli.main(["compile", "target=qwen3_8b", "--cfg"]) == 2
+    err = capsys.readouterr().err
+    assert _problem_lines(err) == [
+        "  - --cfg: needs a value; got null; expected one of ['job', 'all']"]
+    assert "Traceback" not in err and "usage:" not in err
+    assert cli.main(["--help"]) == 0 and "compare A B" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("override", "says"), [
     ("workload=glob(*)", "glob() is not supported"),
     ("target=[a", "cannot be swept"),
