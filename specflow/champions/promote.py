@@ -44,7 +44,14 @@ from typing import Any, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from specflow.decision.model import Analysis, ClassResult, Decision, Outcome, Verdict
+from specflow.decision.model import (
+    BASELINE_METHOD,
+    Analysis,
+    ClassResult,
+    Decision,
+    Outcome,
+    Verdict,
+)
 from specflow.decision.wording import decision_rows
 from specflow.records.fsio import BeforeReplace, atomic_write_json
 from specflow.spec.compile import EngineConfig
@@ -253,7 +260,7 @@ def upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
                 if "outcome" in v:
                     v["verdict"] = v.pop("outcome")
     for row in evidence.get("decision_table") or ():
-        if isinstance(row, dict) and row.get("method") == "none":
+        if isinstance(row, dict) and row.get("method") == BASELINE_METHOD:
             row["verdict"] = _renamed(_V1_OFF_ROW, row.get("verdict"))
     return out
 

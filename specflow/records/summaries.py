@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from specflow.spec.memory import Fit
+
 
 class _Summary(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -25,7 +27,7 @@ class Prepared(_Summary):
     """The work pool deployment each engine config runs on (None: in this process)."""
     engines: list[tuple[str, str]]
     """(engine hash, name) of every engine config, in plan order."""
-    headroom: dict[str, str]
+    headroom: dict[str, Fit]
     """Engine hash -> its fit."""
     tracking_error: str | None
     notes: list[str]
