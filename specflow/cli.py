@@ -1,7 +1,7 @@
 """Command line: `python -m specflow [command] [hydra overrides] [--cfg job]`.
 
 Commands: run (default: the main job), compile, headroom, build-models, vllm-check, restore,
-compare.
+compare, profile, traffic.
 Invalid configuration exits 2 with one line per problem and no traceback.
 """
 
@@ -48,6 +48,10 @@ DESCRIPTION = """commands:
   profile        profile SWEEP [CLASS [DRAFTER]] [--out DIR] [--json]: each drafter's measured
                  acceptance per traffic class (per-position rates, acceptance length per N,
                  chain or not); a drafter's acceptance_profile=FILE emulates it on a GPU
+  traffic        traffic TRACE [--class-field PATH] [--format F] [--tokenizer DIR]
+                 [--num-prompts N] [--json]: what a request log holds before anything runs
+                 (classes and shares, input/output tokens, turns, tool use, request rate);
+                 its problems by file:line, exit 2 (docs/traces.md)
 
 overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
 key=value (sweep.repeats=5), +key=value to add, ~key to delete.
@@ -55,14 +59,16 @@ key=value (sweep.repeats=5), +key=value to add, ~key to delete.
 (python -m specflow -m target=qwen3_8b,llama3_1_8b hardware=h200: two sweeps).
 """
 
-WITH_ARGS = ("restore", "compare", "profile")
+WITH_ARGS = ("restore", "compare", "profile", "traffic")
 """Commands that take positional arguments besides the overrides."""
 
 CFG_VIEWS = ("job", "all")
 
 
 VALUES = {"--cfg": one_of(CFG_VIEWS), "--markdown": "a file to write",
-          "--out": "a directory to write to"}
+          "--out": "a directory to write to", "--class-field": "a dotted path (metadata.route)",
+          "--format": "one of ['openai', 'spec_bench', 'speed_bench']",
+          "--tokenizer": "a local tokenizer directory", "--num-prompts": "a positive integer"}
 """What each option with a value expects (for its problem line)."""
 
 
@@ -96,6 +102,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="profile: write one file per profile")
     p.add_argument("-m", "--multirun", action="store_true",
                    help="sweep a,b,c / range() values: one command per combination")
+    p.add_argument("--class-field", metavar="PATH", help="traffic: the field naming the class")
+    p.add_argument("--format", metavar="F", default="openai",
+                   help="traffic: openai (default), spec_bench or speed_bench")
+    p.add_argument("--tokenizer", metavar="DIR", help="traffic: count tokens with it")
+    p.add_argument("--num-prompts", metavar="N", type=int,
+                   help="traffic: a class with fewer requests is a problem")
     return p
 
 
@@ -103,7 +115,8 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
     """(command, overrides, flags) of a command line; SpecError lists every problem."""
     ns, unknown = parser().parse_known_intermixed_args(list(argv))
     problems = [Problem("argv", "unknown option", a, one_of(
-        ["--cfg", "--no-vllm-check", "--json", "--markdown", "--out", "--multirun", "--help"]))
+        ["--cfg", "--no-vllm-check", "--json", "--markdown", "--out", "--multirun", "--help",
+         "--class-field", "--format", "--tokenizer", "--num-prompts"]))
         for a in unknown if a.startswith("-")]  # (argparse also hands back the words after)
     words: list[str] = ns.words
     bare = [w for w in words if "=" not in w and not w.startswith(("~", "+"))]
@@ -113,7 +126,10 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
     flags: Flags = {k: v for k, v in (("help", ns.help), ("cfg", ns.cfg),
                                       ("no_vllm_check", ns.no_vllm_check), ("json", ns.json),
                                       ("markdown", ns.markdown), ("out", ns.out),
-                                      ("multirun", ns.multirun)) if v not in (None, False)}
+                                      ("multirun", ns.multirun), ("class_field", ns.class_field),
+                                      ("format", ns.format), ("tokenizer", ns.tokenizer),
+                                      ("num_prompts", ns.num_prompts))
+                    if v not in (None, False)}
     overrides = words
     if command in WITH_ARGS:
         flags["args"] = [w for w in words if "=" not in w and not w.startswith(("~", "+"))]
@@ -397,6 +413,29 @@ def cmd_profile(overrides: list[str], flags: Flags) -> int:
     return 0
 
 
+def cmd_traffic(overrides: list[str], flags: Flags) -> int:
+    """What a request log holds (specflow.workloads.traffic); exit 2 with every problem."""
+    from specflow.workloads import traffic
+
+    args = list(flags.get("args") or [])
+    if len(args) != 1 or overrides:
+        raise SpecError([Problem("traffic", "needs one request log", args + overrides,
+                                 "traffic TRACE [--class-field PATH] [--format F] "
+                                 "[--tokenizer DIR] [--num-prompts N] [--json]")])
+    n = flags.get("num_prompts")
+    if n is not None and n < 1:
+        raise SpecError([Problem("--num-prompts", "not a positive count", n,
+                                 VALUES["--num-prompts"])])
+    trace, src = traffic.load(args[0], flags.get("class_field"), flags.get("format", "openai"))
+    summary = traffic.summarize(trace, src, flags.get("tokenizer"), n)
+    if flags.get("json"):
+        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+    else:
+        wide = None if sys.stdout.isatty() else 200
+        traffic.print_summary(summary, Console(highlight=False, width=wide))
+    return 0
+
+
 def cmd_build_models(overrides: list[str], flags: Flags) -> int:
     from pathlib import Path
 
@@ -490,6 +529,7 @@ COMMANDS: dict[str, Callable[[list[str], Flags], int]] = {
     "compare": cmd_compare,
     "profile": cmd_profile,
     "vllm-check": cmd_vllm_check,
+    "traffic": cmd_traffic,
 }
 
 

@@ -37,6 +37,7 @@ from specflow.spec.errors import (
     did_you_mean,
     one_of,
 )
+from specflow.spec.expand import expand
 from specflow.spec.schema import Spec
 
 
@@ -565,6 +566,10 @@ def load(overrides: Sequence[str] = (), root: Path | None = None) -> Loaded:
         spec = Spec.model_validate(data)
     except ValidationError as err:
         raise SpecError(problems + problems_from_validation(err, sources)) from None
+    try:
+        spec = expand(spec)  # split traces, services as workloads
+    except SpecError as err:
+        raise SpecError(problems + err.problems) from None
     from omegaconf import OmegaConf
 
     unresolved = OmegaConf.to_container(cfg, resolve=False)  # to_plain removed Hydra's node

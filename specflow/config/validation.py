@@ -25,11 +25,12 @@ from specflow.spec.errors import (
 )
 from specflow.spec.schema import Spec
 
-GROUPS = ("target", "drafter", "hardware", "workload", "sweep", "promote", "backend", "experiment")
+GROUPS = ("target", "drafter", "hardware", "workload", "service", "sweep", "promote", "backend",
+          "experiment")
 """Config groups under conf/."""
 
 
-MULTI = ("drafter", "workload")
+MULTI = ("drafter", "workload", "service")
 """Groups selected as lists; each file nests its content under its own name."""
 
 

@@ -83,7 +83,7 @@ class Window:
     num_prompts: int
     """Requests in the window: the dataset's first `num_prompts` lines, in order."""
     max_tokens: int
-    """Output tokens requested per prompt."""
+    """Output tokens requested per prompt (with `per_request_lengths`, the most any asks)."""
     concurrency: int
     """Max in-flight requests."""
     repeat: int = 0
@@ -101,6 +101,9 @@ class Window:
     """Stop strings sent with every request."""
     start: int = 0
     """Which engine start of the config this window belongs to."""
+    per_request_lengths: bool = False
+    """Each request asks for its own output length (the dataset's `output_tokens`: a trace's
+    recorded lengths, a service's classes)."""
 
     def key(self, ec: EngineConfig) -> WindowKey:
         return WindowKey(ec.hash, self.workload, self.concurrency, self.repeat, self.start)
@@ -115,7 +118,8 @@ def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, P
     return [Window(workload=name, traffic_class=w.traffic_class, dataset=Path(datasets[name]),
                    num_prompts=w.num_prompts, max_tokens=w.max_tokens, concurrency=c, repeat=r,
                    seed=w.seed, temperature=w.temperature, warmup_requests=warmup_requests,
-                   ignore_eos=w.ignore_eos, stop=tuple(w.stop))
+                   ignore_eos=w.ignore_eos, stop=tuple(w.stop),
+                   per_request_lengths=w.source.kind in ("trace", "mix"))
             for r in range(repeats) for name, w in workloads.items() for c in concurrency]
 
 
@@ -143,7 +147,9 @@ def bench_argv(server: Server, w: Window, window_dir: Path, *, warmup: bool = Fa
     argv = ["--backend", "vllm", "--base-url", server.base_url, "--model", server.model_name,
             "--tokenizer", server.tokenizer, "--dataset-name", "custom",
             "--dataset-path", str(w.dataset), "--disable-shuffle", "--no-oversample",
-            "--skip-chat-template", "--custom-output-len", str(w.max_tokens),
+            "--skip-chat-template",
+            # -1: each line's own output_tokens
+            "--custom-output-len", "-1" if w.per_request_lengths else str(w.max_tokens),
             "--seed", str(w.seed), "--temperature", repr(float(w.temperature)),
             "--max-concurrency", str(w.concurrency), "--disable-tqdm",
             # No readiness poll request: it would run inside specflow's counter window but

@@ -127,6 +127,8 @@ class SweepSummary(_Summary):
     missing: list[str]
     cost: SearchCost
     comparison: ComparisonLine | None
+    services: list[str] = []
+    """Per service and band: its answer beside routing each class to its own champion."""
 
 
 class SoakSummary(_Summary):

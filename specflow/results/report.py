@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from specflow.decision.model import Analysis, ClassResult, Estimate, PointSpeedup, PointStats
 from specflow.decision.requests import LevelRequests, agreement, analyze_requests
+from specflow.decision.services import ServiceRouting
 from specflow.decision.wording import decision_rows
 from specflow.records.fsio import atomic_write
 from specflow.records.measurement import Measurement
@@ -542,13 +543,35 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
     return "\n".join(lines)
 
 
+def services_section(services: Sequence[ServiceRouting]) -> list[str]:
+    """Each service's own answer beside routing its classes to their own champions."""
+    if not services:
+        return []
+    lines = ["## Services: one server, or a pool per class", "",
+             "A service is decided like a class, on windows that mix its classes' requests in "
+             "their shares. Routing is what the per-class decisions imply for the same requests: "
+             "each class's champion speedup, weighted by its share of the baseline's time "
+             "(docs/traces.md).", "",
+             "| service | band | one server | speedup | routed | routing adds | classes |",
+             "|---|---|---|---|---|---|---|"]
+    for s in services:
+        own = (f"{s.speedup.value:.3f} [{s.speedup.lo:.3f}, {s.speedup.hi:.3f}]"
+               if s.speedup is not None else "-")
+        parts = "; ".join(f"{r.traffic_class}: {r.engine} {r.speedup:.3f}x ({r.share:.0%} "
+                          f"req, {r.time_share:.0%} time)" for r in s.routes)
+        lines.append(f"| {s.service} | {s.band.label} | {s.engine if s.speedup else s.outcome}"
+                     f" | {own} | {s.routed:.3f} | {s.gain:+.1%} | {_cell(parts)} |")
+    return [*lines, ""]
+
+
 def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md",
                  rounds: Sequence[Round] = (),
                  schedules: Mapping[str, ScheduleCheck] | None = None,
                  measurements: Sequence[Measurement] = (),
                  versus: Sequence[Versus] = (),
                  names: Mapping[str, str] | None = None,
-                 curves: Sequence[Curve] = ()) -> ReportFiles:
+                 curves: Sequence[Curve] = (),
+                 services: Sequence[ServiceRouting] = ()) -> ReportFiles:
     """Write every plot and the Markdown report under out_dir; returns their paths.
     `measurements` (the sweep's windows) add the per-request view where they kept requests;
     `versus` the predictor's error (`predict.versus`), `curves` its chain tests
@@ -559,6 +582,7 @@ def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md
     predicted = plot_predicted(analysis, versus, out / "predicted_vs_measured.png")
     path = out / name
     text = markdown(analysis, plots, out, rounds, schedules or {}, measurements, names)
+    text += "\n" + "\n".join(services_section(services))
     text += "\n" + "\n".join(_predicted_section(versus, predicted, out, curves))
     atomic_write(path, text)
     return ReportFiles(path, tuple(plots) + ((predicted,) if predicted else ()))

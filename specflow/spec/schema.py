@@ -81,12 +81,14 @@ Drafting = Literal["none", "lookup", "sequential", "parallel"]
 """How a drafter proposes tokens: not at all, by lookup in the context, one forward per token,
 or a whole block in one forward (DFlash/DSpark)."""
 
-TrafficClass = Literal[
-    "math", "code", "chat", "tool_calling", "structured", "summarization", "rag", "classify",
-    "synthetic"
-]
-"""Traffic classes decisions are made for (`classify`: one- or two-token answers, as routers,
-guard models and classifiers give)."""
+CLASS_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+"""What a traffic class (or service) name may be: what a metric label value, a file name and a
+dotted config path all hold (a letter, then letters, digits, `_` and `-`, at most 64)."""
+
+TrafficClass = Annotated[str, Field(pattern=CLASS_NAME)]
+"""A traffic class decisions are made for: any name, e.g. a gateway's route (`support-bot`).
+conf/workload's own: math, code, chat, tool_calling, structured, summarization, rag, classify
+(one- or two-token answers, as routers, guard models and classifiers give), synthetic."""
 
 
 class _Model(BaseModel):
@@ -368,6 +370,56 @@ class HfSource(_Model):
     """Cached snapshot to read (commit sha or ref name); null: the cache's `main` ref."""
 
 
+class TraceSource(_Model):
+    """A request log (JSONL, one OpenAI-compatible request per line; parquet for the benchmark
+    sets), replayed request by request: its messages rendered with the target's chat template
+    as vLLM's server renders them, its tools, its own output length (docs/traces.md)."""
+
+    kind: Literal["trace"] = "trace"
+    """Source discriminator."""
+    path: str = Field(min_length=1)
+    """The log file (relative paths are relative to the working directory)."""
+    format: Literal["openai", "spec_bench", "speed_bench"] = "openai"
+    """`openai`: logged chat/completion requests. `spec_bench` (Spec-Bench's question.jsonl) and
+    `speed_bench` (SPEED-Bench's parquet or prepared JSONL): each question's first turn, its
+    `category` as the class."""
+    class_field: str | None = Field(default=None, min_length=1)
+    """Dotted path of the field naming a request's class (`metadata.route`); null: no class
+    field (the benchmark formats: `category`)."""
+    classes: list[Annotated[str, Field(pattern=CLASS_NAME)]] | None = Field(
+        default=None, min_length=1)
+    """Which classes of the log this workload takes; null: all of them. With the workload's
+    `traffic_class` null, each becomes a workload of its own (named by the class)."""
+    messages_field: str | None = Field(default=None, min_length=1)
+    """Dotted path of the chat turns; null: `messages` (also under `request.` / `body.`)."""
+    prompt_field: str | None = Field(default=None, min_length=1)
+    """Dotted path of a completion request's prompt; null: `prompt`."""
+    tools_field: str | None = Field(default=None, min_length=1)
+    """Dotted path of the offered tools; null: `tools`."""
+    max_tokens_field: str | None = Field(default=None, min_length=1)
+    """Dotted path of the request's output limit; null: `max_completion_tokens`, `max_tokens`."""
+    output_tokens_field: str | None = Field(default=None, min_length=1)
+    """Dotted path of the recorded output length; null: `usage.completion_tokens`,
+    `response.usage.completion_tokens`, `output_tokens`."""
+    timestamp_field: str | None = Field(default=None, min_length=1)
+    """Dotted path of the arrival time; null: `timestamp`, `created`, `time`."""
+    log_prompts: bool = False
+    """Trace text is production data and stays in the work directory (no prompt or output text
+    in MLflow, reports or logs); true lets the window results (with the generated texts) be
+    logged as for other sources."""
+
+
+class MixSource(_Model):
+    """Other workloads' requests interleaved in fixed shares: what one server serving several
+    classes receives (a service, see ServiceSpec, compiles to this)."""
+
+    kind: Literal["mix"] = "mix"
+    """Source discriminator."""
+    parts: dict[Annotated[str, Field(pattern=CLASS_NAME)], Annotated[float, Field(gt=0)]] = Field(
+        min_length=2)
+    """Workload name -> share of the requests (normalised to sum to 1)."""
+
+
 class PackageSource(_Model):
     """Prompts shipped inside an installed Python package."""
 
@@ -378,15 +430,17 @@ class PackageSource(_Model):
 
 
 WorkloadSource = Annotated[
-    GeneratedSource | JsonlSource | HfSource | PackageSource, Field(discriminator="kind")
+    GeneratedSource | JsonlSource | HfSource | PackageSource | TraceSource | MixSource,
+    Field(discriminator="kind")
 ]
 
 
 class WorkloadSpec(_Model):
     """A task-grounded request stream of one traffic class (concurrency comes from the sweep)."""
 
-    traffic_class: TrafficClass
-    """Traffic class decisions are made for."""
+    traffic_class: TrafficClass | None
+    """Traffic class decisions are made for; null only for a trace with a class field: one
+    workload per class of the trace (see TraceSource.classes)."""
     source: WorkloadSource
     """Where prompts come from."""
     needs_hub: bool = False
@@ -396,7 +450,7 @@ class WorkloadSpec(_Model):
     seed: int = Field(default=0, ge=0)
     """Seed for sampling/generating prompts (same seed, same prompts, same content hash)."""
     max_tokens: int = Field(default=128, ge=1, le=1_000_000)
-    """Maximum output tokens per request."""
+    """Maximum output tokens per request (a trace's requests: their own length, capped here)."""
     input_len: int = Field(default=256, ge=1, le=10_000_000)
     """Typical prompt length in tokens: headroom sizes the context with it and the
     code_completion generator cuts its context to it."""
@@ -421,6 +475,13 @@ class WorkloadSpec(_Model):
             raise ProblemError(Problem(
                 "needs_hub", "only source.kind=hf data comes from a hub", True,
                 f"false for source.kind={self.source.kind}"))
+        if self.traffic_class is None and not (
+                isinstance(self.source, TraceSource)
+                and (self.source.class_field is not None or self.source.format != "openai")):
+            raise ProblemError(Problem(
+                "traffic_class", "a workload needs a class", None,
+                "a class name (null only for a trace source with a class_field: one workload "
+                "per class)"))
         return self
 
 
@@ -727,6 +788,23 @@ class PathsSpec(_Model):
     """Where locally built tiny models live."""
 
 
+class ServiceSpec(_Model):
+    """One vLLM server serving several classes at once: its windows interleave the classes'
+    requests in their shares and it is decided like a class, with the same rule, bands and error
+    control; the report sets its answer beside routing each class to its own champion."""
+
+    classes: dict[Annotated[str, Field(pattern=CLASS_NAME)], Annotated[float, Field(gt=0)]] | list[
+        Annotated[str, Field(pattern=CLASS_NAME)]] = Field(min_length=1)
+    """Workloads it serves (by workload name; a split trace's workloads are named by class)
+    with their shares of the requests (`{code_completion: 0.7, classify: 0.3}`, normalised),
+    or a list of them to take the shares from the trace they were split from (the name of the
+    trace workload itself: all of its classes)."""
+    num_prompts: int = Field(default=64, ge=2, le=100_000)
+    """Requests per measured window, shared out by the shares (each class at least one)."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the interleaving and of each class's request choice."""
+
+
 class Spec(_Model):
     """A whole specflow run, as composed from conf/."""
 
@@ -752,3 +830,6 @@ class Spec(_Model):
     """Where engine configs run (this process, or a Prefect work pool's workers)."""
     paths: PathsSpec = Field(default_factory=PathsSpec)
     """Filesystem locations."""
+    service: dict[Annotated[str, Field(pattern=CLASS_NAME)], ServiceSpec] = Field(
+        default_factory=dict)
+    """Services to decide for, by name (the name is their traffic class); none by default."""

@@ -10,9 +10,12 @@ locally while MLflow was unreachable. Nothing is cached in the process.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib.metadata as md
+import json
 import logging
 import subprocess
+import tempfile
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +25,7 @@ from specflow.config.artifact import artifact_config
 from specflow.config.compose import Loaded, load_plan
 from specflow.demo import tiny
 from specflow.engine import device, vllm_check
-from specflow.engine.runner import Window, plan_windows
+from specflow.engine.runner import RESULT_FILE, Window, plan_windows
 from specflow.records.measurement import Measurement
 from specflow.results.ledger import Ledger, SweepInfo, sweep_id
 from specflow.results.tracking import Tracker
@@ -157,13 +160,36 @@ class Context:
         except KeyError:
             ec = None
         files = [Path(p) for p in m.artifacts.values()]
-        try:
-            run_id = self.tracker.log_window(self.parent_run_id, m, ec, files,
-                                            run_id=entry.run_id if entry else None)
-        except Exception as exc:  # noqa: BLE001 - any store failure: the window stays unlogged in the ledger
-            self.went_offline(exc)
-            return
+        ds = self.datasets.get(m.key.workload)
+        with tempfile.TemporaryDirectory() as tmp:
+            if ds is not None and ds.private:  # production text stays in the work directory
+                files = [redacted(f, Path(tmp)) for f in files]
+            try:
+                run_id = self.tracker.log_window(self.parent_run_id, m, ec, files,
+                                                run_id=entry.run_id if entry else None)
+            except Exception as exc:  # noqa: BLE001 - any store failure: the window stays unlogged in the ledger
+                self.went_offline(exc)
+                return
         self.ledger.mark_logged(m.key.id, run_id)
+
+
+TEXT_FIELDS = ("generated_texts", "prompts")
+"""A bench result's fields that carry request or response text."""
+
+
+def redacted(path: Path, tmp: Path) -> Path:
+    """The copy of a window's file that may leave the work directory for a private workload:
+    a bench result without its texts (their sha256 are on the measurement), no log at all
+    (a server's or the bench's log may quote a request)."""
+    if path.name != RESULT_FILE or not path.is_file():
+        return tmp / "withheld"  # not a file: log_window skips it
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for key in TEXT_FIELDS:
+        if isinstance(data.get(key), list):
+            data[key] = [hashlib.sha256(str(t).encode()).hexdigest() for t in data[key]]
+    out = tmp / path.name
+    out.write_text(json.dumps(data), encoding="utf-8")
+    return out
 
 
 def experiment_name(loaded: Loaded) -> str:

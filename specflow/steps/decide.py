@@ -4,6 +4,7 @@ installed vLLM, write the report, promote per traffic class and mirror champions
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 from specflow.champions import promote
 from specflow.decision.choose import analyze
 from specflow.decision.model import BASELINE_METHOD, Analysis, AnalysisError
+from specflow.decision.services import ServiceRouting, routing
 from specflow.decision.wording import decision_rows
 from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
@@ -21,6 +23,7 @@ from specflow.search import predict, profiles, rounds
 from specflow.search.plan import BandKey, final_rules, spent_by, split_baseline
 from specflow.search.schedules import measured_schedules
 from specflow.spec import profile
+from specflow.spec.schema import MixSource
 from specflow.steps import measure
 from specflow.steps.context import Context, experiment_name
 from specflow.steps.measure import measurements, missing
@@ -47,6 +50,8 @@ class Decided:
     """The comparison with the last sweep of the same plan and what the policy did."""
     slowed: tuple[str, ...] = ()
     """Windows left out of the speedups as slowed by outside load (`Analysis.slowed`)."""
+    services: tuple[str, ...] = ()
+    """Per service and band: its answer beside routing each class to its own champion."""
 
 
 def _no_decision(ctx: Context, problems: list[str]) -> Decided:
@@ -117,13 +122,15 @@ def decide(ctx: Context) -> Decided:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
     versus = predict.versus(predict.point_speedups(result), ctx.ledger.measurements(),
                             ctx.plan.engine_configs, kv_capacity=ctx.kv_capacity())
+    routed = service_routing(ctx, result)
     files = report.write_report(result, ctx.workdir / "report",
                                 rounds=progress.rounds if progress is not None else (),
                                 schedules=progress.schedules if progress is not None else {},
                                 measurements=ctx.ledger.measurements(), versus=versus,
                                 names={ec.hash: ec.name for ec in ctx.plan.engine_configs},
                                 curves=predict.curves(ctx.ledger.measurements(),
-                                                      ctx.plan.engine_configs))
+                                                      ctx.plan.engine_configs),
+                                services=routed)
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     if progress is not None:
@@ -163,7 +170,24 @@ def decide(ctx: Context) -> Decided:
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
     return Decided(True, problems, files.report, list(files.plots), promotions, table, reval,
-                   tuple(w.text() for w in result.slowed))
+                   tuple(w.text() for w in result.slowed), tuple(s.text() for s in routed))
+
+
+def service_routing(ctx: Context, result: Analysis) -> list[ServiceRouting]:
+    """Each service's answer beside routing its classes (`decision.services`), with the
+    baseline's measured seconds per request of each class at each level."""
+    services = {w.traffic_class or n: dict(w.source.parts) for n, w in ctx.spec.workload.items()
+                if isinstance(w.source, MixSource)}
+    if not services:
+        return []
+    per: dict[tuple[str, int], list[float]] = {}
+    for m in ctx.ledger.measurements():
+        if m.ok and m.method == BASELINE_METHOD and m.completed:
+            per.setdefault((m.key.workload, m.key.concurrency), []).append(
+                m.duration_s / m.completed)
+    seconds = {k: statistics.median(v) for k, v in per.items()}
+    classes = {n: w.traffic_class or n for n, w in ctx.spec.workload.items()}
+    return routing(result, services, classes, seconds)
 
 
 def write_profiles(ctx: Context) -> list[Path]:
@@ -252,7 +276,7 @@ def outcome_summary(ctx: Context, outcome: Decided) -> SweepSummary:
                     for p in outcome.promotions],
         table=outcome.table,
         windows=len(entries), ok=sum(e.measurement.ok for e in entries),
-        slowed=list(outcome.slowed),
+        slowed=list(outcome.slowed), services=list(outcome.services),
         unlogged=sum(not e.logged for e in entries),
         tracking_uri=ctx.spec.tracking.uri, tracking_error=ctx.tracking_error,
         experiment=experiment_name(ctx.loaded), parent_run_id=ctx.parent_run_id,

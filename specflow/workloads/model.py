@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specflow.spec.errors import Problem
+from specflow.spec.traces import Request
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,13 @@ class Example:
     """A reference answer (used when this example serves as a few-shot example)."""
     history: tuple[tuple[str, str], ...] = ()
     """Earlier (role, content) turns of a conversation, oldest first."""
+    request: Request | None = None
+    """The logged request it replays (a trace source): its turns, tools and output length."""
+
+    @property
+    def key(self) -> str:
+        """What makes two examples the same prompt."""
+        return self.request.key if self.request is not None else self.prompt
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,15 @@ class MaterializedWorkload:
     """Whether requests ignore EOS."""
     warnings: tuple[str, ...]
     """Realism warnings (each starts with the workload's dotted path)."""
+    output_lengths: tuple[int, ...] = ()
+    """Output tokens requested per prompt, in file order, where they differ between requests (a
+    trace, a service); empty: every request asks for `max_tokens`."""
+    recorded_output: tuple[int | None, ...] = ()
+    """A trace's recorded output length per prompt (None where the log has none)."""
+    classes: tuple[str, ...] = ()
+    """A service's class of each prompt, in file order; empty for a single class."""
+    private: bool = False
+    """Production text (a trace): no prompt or generated text leaves the work directory."""
     mean_prompt_tokens: float | None = None
     """Mean prompt length in tokens as the bench counts them; null without a tokenizer."""
     max_prompt_tokens: int | None = None

@@ -9,8 +9,10 @@ requests never start with two BOS.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specflow.spec.errors import Problem, SpecError
 from specflow.spec.schema import WorkloadSpec
@@ -19,8 +21,8 @@ from specflow.workloads.model import Example
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
-Message = dict[str, str]
-"""One chat turn: {"role": ..., "content": ...}."""
+Message = dict[str, Any]
+"""One chat turn: {"role": ..., "content": ...} (a logged turn may carry tool_calls too)."""
 
 
 def render(name: str, spec: WorkloadSpec, shots: Sequence[Example], example: Example,
@@ -30,6 +32,8 @@ def render(name: str, spec: WorkloadSpec, shots: Sequence[Example], example: Exa
     With `chat_template` the turns are rendered by the tokenizer's own template (a system turn
     it rejects is folded into the first user turn); without it they are joined as plain text.
     """
+    if example.request is not None:
+        return _logged(name, spec, example, tokenizer)
     if not spec.chat_template:
         return _plain(spec, shots, example)
     if tokenizer is None:
@@ -44,6 +48,40 @@ def render(name: str, spec: WorkloadSpec, shots: Sequence[Example], example: Exa
     messages += [{"role": r, "content": t} for r, t in example.history]
     messages.append({"role": "user", "content": example.prompt})
     return _apply_template(name, tokenizer, spec.system_prompt, messages)
+
+
+def _logged(name: str, spec: WorkloadSpec, example: Example, tok: Tokenizer | None) -> str:
+    """A logged request as the server would render it: a completion prompt as it is; chat turns
+    (and the tools offered) through the target's chat template, tool-call arguments parsed from
+    their JSON text as vLLM's server parses them."""
+    req = example.request
+    assert req is not None
+    if req.messages is None:
+        return req.prompt or ""
+    messages = [_server_turn(m) for m in req.messages]
+    system = spec.system_prompt if not any(m["role"] in ("system", "developer")
+                                           for m in messages) else None
+    if not spec.chat_template:
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+        return "\n".join(([system] if system else []) + lines + ["Assistant:"])
+    if tok is None:
+        return render(name, spec, (), Example(""), None)  # the problem: no tokenizer
+    return _apply_template(name, tok, system, messages, list(req.tools) or None)
+
+
+def _server_turn(m: Message) -> Message:
+    turn = dict(m)
+    calls = turn.get("tool_calls")
+    if isinstance(calls, list):
+        parsed = []
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    call = {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+            parsed.append(call)
+        turn["tool_calls"] = parsed
+    return turn
 
 
 def _plain(spec: WorkloadSpec, shots: Sequence[Example], example: Example) -> str:
@@ -63,7 +101,7 @@ def _join(prompt: str, answer: str) -> str:
 
 
 def _apply_template(name: str, tok: Tokenizer, system: str | None,
-                    messages: list[Message]) -> str:
+                    messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
     if not getattr(tok, "chat_template", None):
         raise SpecError([Problem(
             f"workload.{name}.chat_template", "the tokenizer has no chat template", True,
@@ -71,7 +109,8 @@ def _apply_template(name: str, tok: Tokenizer, system: str | None,
     from jinja2 import TemplateError
 
     def apply(msgs: list[Message]) -> str:
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(msgs, tools=tools, tokenize=False,
+                                       add_generation_prompt=True)
         assert isinstance(text, str)  # tokenize=False renders text
         return text
 

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specflow.spec.errors import Problem, SpecError, did_you_mean, one_of
-from specflow.spec.schema import GeneratedSource, HfSource, JsonlSource, PackageSource, WorkloadSpec
+from specflow.spec.schema import (
+    GeneratedSource,
+    HfSource,
+    JsonlSource,
+    PackageSource,
+    TraceSource,
+    WorkloadSpec,
+)
+from specflow.spec.traces import read_trace, select
 from specflow.workloads.generators import GENERATORS
 from specflow.workloads.hfdata import hf_files
 from specflow.workloads.model import Example, Fail
@@ -84,11 +92,27 @@ def _pool_hf(name: str, spec: WorkloadSpec, tok: Tokenizer | None, rng: random.R
     return _rows_to_examples(rows, src.field, src.answer_field, where, origin)
 
 
+def _pool_trace(name: str, spec: WorkloadSpec, tok: Tokenizer | None, rng: random.Random
+                ) -> list[Example]:
+    src = spec.source
+    assert isinstance(src, TraceSource)
+    trace = read_trace(src.path, src)
+    if trace.problems:
+        raise SpecError(trace.all_problems(f"workload.{name}.source.path"))
+    out = []
+    for req in select(trace, src.classes):
+        last = req.prompt if req.prompt is not None else (req.messages or ({},))[-1].get(
+            "content", "")
+        out.append(Example(last or "", request=req))
+    return out
+
+
 POOLS: dict[str, Pool] = {
     "generated": _pool_generated,
     "package": _pool_package,
     "jsonl": _pool_jsonl,
     "hf": _pool_hf,
+    "trace": _pool_trace,
 }
 """`source.kind` -> loader."""
 
@@ -123,7 +147,7 @@ def examples(name: str, spec: WorkloadSpec, tokenizer: Tokenizer | None = None
         pool = POOLS[spec.source.kind](name, spec, tokenizer, rng)
     except Fail as fail:
         raise SpecError([fail.problem]) from None
-    distinct = list({ex.prompt: ex for ex in pool}.values())
+    distinct = list({ex.key: ex for ex in pool}.values())
     need = spec.num_prompts + spec.few_shot
     problems = []
     if len(distinct) < need:
@@ -138,6 +162,8 @@ def examples(name: str, spec: WorkloadSpec, tokenizer: Tokenizer | None = None
     else:
         chosen = [distinct[i] for i in rng.sample(range(len(distinct)), min(need, len(distinct)))]
     shots, prompts = chosen[: spec.few_shot], chosen[spec.few_shot:]
+    if spec.source.kind == "trace":  # replayed in the log's order
+        prompts.sort(key=lambda ex: ex.request.line if ex.request else 0)
     if any(s.answer is None for s in shots):
         problems.append(Problem(
             f"workload.{name}.few_shot", "the source has no reference answers to build "

@@ -1,0 +1,132 @@
+"""Workloads as the sweep sees them: a trace split into one workload per class, and each service
+compiled into a workload that mixes its classes' requests in their shares.
+
+Run once after validation (`specflow.config.compose.load`), so that every later step (the plan
+and its hash, headroom, materialising, the decision) sees plain workloads with a class each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
+from specflow.spec.schema import MixSource, ServiceSpec, Spec, TraceSource, WorkloadSpec
+from specflow.spec.traces import read_trace
+
+SHARE_DIGITS = 6
+"""Shares are rounded to this many digits (so that the plan's hash is stable)."""
+
+
+def expand(spec: Spec) -> Spec:
+    """`spec` with split traces and services as workloads; SpecError lists every problem."""
+    problems: list[Problem] = []
+    workloads: dict[str, WorkloadSpec] = {}
+    trace_share: dict[str, tuple[str, float]] = {}
+    split_from: dict[str, list[str]] = {}
+    for name, w in spec.workload.items():
+        if not (isinstance(w.source, TraceSource) and w.traffic_class is None):
+            workloads[name] = w
+            continue
+        split, shares, found = _split(name, w, w.source, spec.workload)
+        problems += found
+        workloads.update(split)
+        trace_share.update(shares)
+        split_from[name] = list(split)
+    for sname, svc in spec.service.items():
+        if isinstance(svc.classes, list):  # a split trace's name: all of its classes
+            svc = svc.model_copy(update={"classes": [
+                c for n in svc.classes for c in split_from.get(n, [n])]})
+        try:
+            workloads[sname] = _service(sname, svc, workloads, trace_share)
+        except SpecError as err:
+            problems += err.problems
+    if problems:
+        raise SpecError(problems)
+    if workloads == spec.workload:
+        return spec
+    return spec.model_copy(update={"workload": workloads})
+
+
+def _split(name: str, w: WorkloadSpec, src: TraceSource, declared: Mapping[str, WorkloadSpec]
+           ) -> tuple[dict[str, WorkloadSpec], dict[str, tuple[str, float]], list[Problem]]:
+    """One workload per class of the trace (named by the class), and each class's share."""
+    where = f"workload.{name}.source"
+    trace = read_trace(src.path, src)
+    if trace.problems:
+        return {}, {}, trace.all_problems(f"{where}.path")
+    counts = trace.classes()
+    total = sum(counts.values())
+    problems: list[Problem] = []
+    for c in src.classes or []:
+        if c not in counts:
+            problems.append(Problem(f"{where}.classes", "no request of the trace is of this "
+                                    "class", c, one_of(sorted(counts)),
+                                    did_you_mean(c, counts)))
+    out: dict[str, WorkloadSpec] = {}
+    shares: dict[str, tuple[str, float]] = {}
+    for c in sorted(src.classes or counts):
+        if c not in counts:
+            continue
+        if c in declared and c != name:
+            problems.append(Problem(f"{where}.class_field", "a class of the trace has the name "
+                                    "of another workload", c, "classes and workloads with "
+                                    "distinct names (source.classes picks classes)"))
+            continue
+        if counts[c] < w.num_prompts:
+            problems.append(Problem(f"workload.{name}.num_prompts", f"more prompts than class "
+                                    f"'{c}' of {src.path} holds ({counts[c]} requests)",
+                                    w.num_prompts, f"at most {counts[c]}, or source.classes "
+                                    "without it"))
+            continue
+        out[c] = w.model_copy(update={"traffic_class": c, "source": src.model_copy(
+            update={"classes": [c]})})
+        shares[c] = (src.path, round(counts[c] / total, SHARE_DIGITS))
+    return out, shares, problems
+
+
+def _service(sname: str, svc: ServiceSpec, workloads: Mapping[str, WorkloadSpec],
+             trace_share: Mapping[str, tuple[str, float]]) -> WorkloadSpec:
+    """The workload a service's windows send: its classes' requests, mixed in their shares."""
+    where = f"service.{sname}.classes"
+    names = list(svc.classes)
+    problems = [Problem(where, "no such workload", n, one_of(sorted(workloads)),
+                        did_you_mean(n, workloads)) for n in names if n not in workloads]
+    if len(set(names)) < 2:
+        problems.append(Problem(where, "a service serves several classes", names,
+                                "two or more workloads (or a trace split into two or more "
+                                "classes)"))
+    if sname in workloads:
+        problems.append(Problem(f"service.{sname}", "a service has the name of a workload",
+                                sname, "a name no workload has"))
+    if problems:
+        raise SpecError(problems)
+    if isinstance(svc.classes, dict):
+        raw = dict(svc.classes)
+    else:
+        untraced = [n for n in names if n not in trace_share]
+        files = {trace_share[n][0] for n in names if n in trace_share}
+        if untraced or len(files) > 1:
+            raise SpecError([Problem(where, "shares come from a trace only for the classes of "
+                                     "one split trace", untraced or sorted(files),
+                                     "the shares stated ({name: share, ...}), or classes of "
+                                     "one trace split by its class field")])
+        raw = {n: trace_share[n][1] for n in names}
+    total = sum(raw.values())
+    shares = {n: round(v / total, SHARE_DIGITS) for n, v in raw.items()}
+    parts = [workloads[n] for n in names]
+    for attr in ("temperature", "ignore_eos", "stop"):
+        values = {repr(getattr(p, attr)) for p in parts}
+        if len(values) > 1:
+            problems.append(Problem(where, f"its classes' requests are sent with different "
+                                    f"{attr} ({', '.join(sorted(values))}), and one window "
+                                    "sends one", Raw(", ".join(names)),
+                                    f"classes whose workloads share {attr}"))
+    if problems:
+        raise SpecError(problems)
+    first = parts[0]
+    return WorkloadSpec(
+        traffic_class=sname, source=MixSource(parts=shares), num_prompts=svc.num_prompts,
+        seed=svc.seed, max_tokens=max(p.max_tokens for p in parts),
+        input_len=max(1, round(sum(shares[n] * workloads[n].input_len for n in names))),
+        temperature=first.temperature, production_temperature=first.production_temperature,
+        chat_template=False, stop=list(first.stop), ignore_eos=first.ignore_eos)
