@@ -76,3 +76,13 @@ _.ttft_s
 # AcceptanceProfile fields that only its JSON file carries (specflow/spec/profile.py).
 drafter_model
 by_prompt_length
+# TraceSource's field paths, read by name (getattr(src, f"{name}_field"), spec/traces.py).
+messages_field
+prompt_field
+tools_field
+max_tokens_field
+output_tokens_field
+timestamp_field
+# MaterializedWorkload: each request's output length, for people and tests (the dataset file
+# carries it to the bench).
+_.output_lengths

@@ -28,6 +28,7 @@ COSTLIEST_FIRST = (
     "tests/demo/test_seed_methods.py",
     "tests/results/test_compare_sweeps.py",
     "tests/pipelines/test_deployment.py",
+    "tests/workloads/test_trace_sweep.py",
 )
 
 
@@ -46,6 +47,7 @@ LIGHT = (
     "tests/results/test_ledger.py", "tests/results/test_report.py", "tests/records/",
     "tests/steps/", "tests/engine/test_device.py", "tests/engine/test_server.py",
     "tests/pipelines/test_k8s_template.py", "tests/stats/", "tests/test_glossary.py",
+    "tests/spec/test_traces.py",
 )
 
 

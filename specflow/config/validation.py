@@ -23,7 +23,7 @@ from specflow.spec.errors import (
     one_of,
     redact_secrets,
 )
-from specflow.spec.schema import Spec
+from specflow.spec.schema import CLASS_NAME, Spec
 
 GROUPS = ("target", "drafter", "hardware", "workload", "service", "sweep", "promote", "backend",
           "experiment")
@@ -32,6 +32,10 @@ GROUPS = ("target", "drafter", "hardware", "workload", "service", "sweep", "prom
 
 MULTI = ("drafter", "workload", "service")
 """Groups selected as lists; each file nests its content under its own name."""
+
+PATTERNS = {CLASS_NAME: "a name of letters, digits, '_' and '-' starting with a letter, at most "
+                        "64 characters (a metric label and a file name hold it)"}
+"""What a pattern-checked field takes, in words."""
 
 
 @dataclass(frozen=True)
@@ -268,8 +272,8 @@ _TRANSLATE: dict[str, Callable[[_Error], Problem]] = {
     "string_too_short": _too_short,
     "too_long": lambda x: Problem(x.path, "too long", x.got,
                                   f"at most {x.ctx.get('max_length')} items"),
-    "string_pattern_mismatch": lambda x: Problem(x.path, "malformed", x.got,
-                                                 f"a string matching {x.ctx.get('pattern')}"),
+    "string_pattern_mismatch": lambda x: Problem(x.path, "malformed", x.got, PATTERNS.get(
+        str(x.ctx.get("pattern")), f"a string matching {x.ctx.get('pattern')}")),
     **{kind: (lambda x: Problem(x.path, "wrong type", x.got, _TYPES[x.kind])) for kind in _TYPES},
     "value_error": lambda x: _from_value_error(x.ctx.get("error"), x.user_path, x.got, x.msg),
 }

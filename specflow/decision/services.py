@@ -61,6 +61,12 @@ class ServiceRouting:
         """What routing adds over the one server's answer (0.09: +9%)."""
         return self.routed / self.one_server - 1.0
 
+    @property
+    def unresolved(self) -> bool:
+        """Whether an estimate stands for a band that has not concluded."""
+        return self.outcome == "unresolved" or any("unresolved" in r.engine
+                                                   for r in self.routes)
+
     def text(self) -> str:
         if self.speedup is not None:
             own = (f"{self.engine} {self.speedup.value:.3g}x [{self.speedup.lo:.3g}, "
@@ -73,6 +79,8 @@ class ServiceRouting:
                           for r in self.routes)
         verdict = (f"routing would add {self.gain:+.0%}" if abs(self.gain) >= 0.005
                    else "routing adds nothing")
+        if self.unresolved:
+            verdict += " (estimates of unresolved bands: more engine starts settle them)"
         return (f"{self.service} {self.band.label}: one server: {own}; routing each class to "
                 f"its own champion: {self.routed:.3g}x ({parts}); {verdict}")
 
@@ -82,9 +90,19 @@ def _band(decisions: tuple[Decision, ...], band: Band) -> Decision | None:
 
 
 def _answer(d: Decision | None) -> tuple[str, Estimate | None]:
-    if d is None or d.winner is None or d.winner.worst is None:
+    """(engine, speedup) a band's answer stands for: its winner; for an unresolved band, its
+    best open candidate's estimate (marked: not a decision); off: the baseline."""
+    if d is None:
         return "off", None
-    return d.winner.engine, d.winner.worst.speedup
+    if d.winner is not None and d.winner.worst is not None:
+        return d.winner.engine, d.winner.worst.speedup
+    if d.unresolved:
+        open_ = [v for v in d.candidates if not v.ruled_out and v.worst is not None]
+        if open_:
+            best = max(open_, key=lambda v: v.worst.speedup.value)  # type: ignore[union-attr]
+            assert best.worst is not None
+            return f"{best.engine} (unresolved)", best.worst.speedup
+    return "off", None
 
 
 def routing(analysis: Analysis, services: Mapping[str, Mapping[str, float]],

@@ -129,6 +129,8 @@ class SweepSummary(_Summary):
     comparison: ComparisonLine | None
     services: list[str] = []
     """Per service and band: its answer beside routing each class to its own champion."""
+    realism: list[str] = []
+    """What the measured windows show unlike the traffic they replay."""
 
 
 class SoakSummary(_Summary):

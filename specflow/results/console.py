@@ -235,6 +235,8 @@ def print_outcome(summary: SweepSummary, out: Console, elapsed: float) -> None:
     where = summary.run_link or f"mlflow ui --backend-store-uri {uri}"
     out.print(escape(f"results: {where}  (experiment '{summary.experiment}', parent run "
                      f"{summary.parent_run_id})"), soft_wrap=True)
+    for w in summary.realism:
+        out.print(f"[yellow]workload warning:[/] {escape(w)}", soft_wrap=True)
     for line in summary.services:
         out.print(escape(line), highlight=False, soft_wrap=True)
     deploy = deploy_lines(summary.table, [p.model_dump() for p in summary.promotions])

@@ -180,9 +180,12 @@ TEXT_FIELDS = ("generated_texts", "prompts")
 def redacted(path: Path, tmp: Path) -> Path:
     """The copy of a window's file that may leave the work directory for a private workload:
     a bench result without its texts (their sha256 are on the measurement), no log at all
-    (a server's or the bench's log may quote a request)."""
-    if path.name != RESULT_FILE or not path.is_file():
+    (a server's or the bench's log may quote a request); the per-request records and counters
+    (hashes and numbers) as they are."""
+    if path.suffix == ".log":
         return tmp / "withheld"  # not a file: log_window skips it
+    if path.name != RESULT_FILE or not path.is_file():
+        return path
     data = json.loads(path.read_text(encoding="utf-8"))
     for key in TEXT_FIELDS:
         if isinstance(data.get(key), list):

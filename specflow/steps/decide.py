@@ -52,6 +52,8 @@ class Decided:
     """Windows left out of the speedups as slowed by outside load (`Analysis.slowed`)."""
     services: tuple[str, ...] = ()
     """Per service and band: its answer beside routing each class to its own champion."""
+    realism: tuple[str, ...] = ()
+    """What the measured windows show unlike the traffic they replay (`output_realism`)."""
 
 
 def _no_decision(ctx: Context, problems: list[str]) -> Decided:
@@ -170,7 +172,33 @@ def decide(ctx: Context) -> Decided:
         except Exception as exc:  # noqa: BLE001 - any store failure: the report is on disk
             ctx.went_offline(exc)
     return Decided(True, problems, files.report, list(files.plots), promotions, table, reval,
-                   tuple(w.text() for w in result.slowed), tuple(s.text() for s in routed))
+                   tuple(w.text() for w in result.slowed), tuple(s.text() for s in routed),
+                   tuple(output_realism(ctx)))
+
+
+SHORT_OUTPUTS = 0.5
+"""A replayed log whose baseline answers average less than this fraction of the recorded
+lengths is warned about."""
+
+
+def output_realism(ctx: Context) -> list[str]:
+    """Replayed logs whose answers came out much shorter than the log's: the model stopped early
+    (EOS, a stop string), so acceptance was measured on shorter answers than production's."""
+    out = []
+    for name, ds in ctx.datasets.items():
+        recorded = [n for n in ds.recorded_output if n is not None]
+        if not recorded:
+            continue
+        got = [r.output_tokens for m in ctx.ledger.measurements()
+               if m.ok and m.method == BASELINE_METHOD and m.key.workload == name
+               for r in m.requests]
+        logged = sum(recorded) / len(recorded)
+        if got and sum(got) / len(got) < SHORT_OUTPUTS * logged:
+            out.append(f"workload.{name}: the baseline's answers average "
+                       f"{sum(got) / len(got):.0f} tokens; got {len(got)} answers; expected "
+                       f"about the log's {logged:.0f} (the model stops earlier than production's "
+                       "did: longer answers repeat more, so acceptance may differ)")
+    return out
 
 
 def service_routing(ctx: Context, result: Analysis) -> list[ServiceRouting]:
@@ -277,6 +305,7 @@ def outcome_summary(ctx: Context, outcome: Decided) -> SweepSummary:
         table=outcome.table,
         windows=len(entries), ok=sum(e.measurement.ok for e in entries),
         slowed=list(outcome.slowed), services=list(outcome.services),
+        realism=list(outcome.realism),
         unlogged=sum(not e.logged for e in entries),
         tracking_uri=ctx.spec.tracking.uri, tracking_error=ctx.tracking_error,
         experiment=experiment_name(ctx.loaded), parent_run_id=ctx.parent_run_id,

@@ -57,7 +57,8 @@ class MaterializedWorkload:
     """Realism warnings (each starts with the workload's dotted path)."""
     output_lengths: tuple[int, ...] = ()
     """Output tokens requested per prompt, in file order, where they differ between requests (a
-    trace, a service); empty: every request asks for `max_tokens`."""
+    trace, a service; the dataset's `output_tokens`); empty: every request asks for
+    `max_tokens`. Read by people and tests."""
     recorded_output: tuple[int | None, ...] = ()
     """A trace's recorded output length per prompt (None where the log has none)."""
     classes: tuple[str, ...] = ()

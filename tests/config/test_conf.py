@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import tempfile
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -16,8 +20,24 @@ def _raw(group: str, name: str) -> dict:
     return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
 
 
+@functools.cache
+def _trace() -> Path:
+    """The demo request log (two classes of 24 requests), for the trace and service entries."""
+    from specflow.demo import traces
+
+    return traces.write(Path(tempfile.mkdtemp(prefix="sf-trace-")) / "trace.jsonl")
+
+
 def _overrides_for(group: str, name: str) -> list[str]:
     """Overrides that select this entry in a context where it is meant to work."""
+    if (group, name) in (("workload", "trace"), ("service", "shared")):
+        return ["workload=[trace]", f"workload.trace.source.path={_trace()}",
+                "workload.trace.num_prompts=16",
+                *(["service=[shared]", "service.shared.num_prompts=32"] if group == "service"
+                  else [])]
+    if group == "service":
+        return [f"workload=[{','.join(_raw(group, name)[name]['classes'])}]",
+                f"service=[{name}]"]
     if group == "drafter":
         entry = _raw(group, name)[name]
         targets = entry.get("targets") or ["qwen3_8b"]
@@ -41,7 +61,9 @@ def test_every_group_has_entries() -> None:
 def test_entry_composes_validates_and_compiles(group: str, name: str) -> None:
     loaded, plan = load_plan(_overrides_for(group, name))
     spec = loaded.spec
-    if group in MULTI:
+    if (group, name) == ("workload", "trace"):  # split into its classes
+        assert set(spec.workload) == {"router", "sql-agent"}
+    elif group in MULTI:
         assert name in getattr(spec, group)
     elif group in ("target", "hardware"):
         assert getattr(spec, group).name == name

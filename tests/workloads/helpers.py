@@ -14,7 +14,9 @@ from specflow.workloads import MIN_PROMPTS
 CONF = conf_dir()
 ENTRIES = options("workload", CONF)
 RAW = {n: yaml.safe_load((CONF / "workload" / f"{n}.yaml").read_text())[n] for n in ENTRIES}
-OFFLINE = [n for n in ENTRIES if not RAW[n].get("needs_hub", False)]
+TRACES = [n for n in ENTRIES if RAW[n]["source"]["kind"] == "trace"]
+"""Entries that read the user's own request log (tests/spec/test_traces.py, test_trace_replay)."""
+OFFLINE = [n for n in ENTRIES if not RAW[n].get("needs_hub", False) and n not in TRACES]
 HUB = [n for n in ENTRIES if RAW[n].get("needs_hub", False)]
 
 

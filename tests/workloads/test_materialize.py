@@ -24,7 +24,7 @@ from specflow.workloads import (
     realism_warnings,
 )
 
-from .helpers import ENTRIES, HUB, OFFLINE, generated, prompt_rows, spec_of
+from .helpers import ENTRIES, HUB, OFFLINE, RAW, TRACES, generated, prompt_rows, spec_of
 
 # ------------------------------------------------------------------ conf entries, offline
 
@@ -35,10 +35,16 @@ def test_conf_has_offline_and_hub_entries() -> None:
     assert set(HUB) == {"gsm8k", "math500", "mbpp"}
 
 
-@pytest.mark.parametrize("name", ENTRIES)
+@pytest.mark.parametrize("name", [n for n in ENTRIES if n not in TRACES])
 def test_needs_hub_iff_hub_dataset(name: str) -> None:
     spec = spec_of(name)
     assert spec.needs_hub == (spec.source.kind == "hf")
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_a_trace_entry_reads_a_local_log_and_splits_it_by_class(name: str) -> None:
+    assert RAW[name]["needs_hub"] is False and RAW[name]["traffic_class"] is None
+    assert RAW[name]["source"]["class_field"]
 
 
 @pytest.mark.parametrize("name", OFFLINE)

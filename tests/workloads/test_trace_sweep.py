@@ -1,0 +1,124 @@
+"""A sweep on a request log, on the real vLLM engine (real Prefect, real MLflow): the demo trace
+(tests/specflow.demo.traces: multi-turn agent conversations with tool calls and results, and
+one-word router answers, two free-form classes, recorded output lengths) replayed per class and
+as the one server that serves both, on the CPU demo's agreeing target with n-gram lookup."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specflow.demo import traces
+from specflow.spec.schema import TraceSource
+from specflow.spec.traces import read_trace
+from specflow.workloads import convert
+from specflow.results.ledger import Ledger
+
+
+@pytest.mark.engine
+def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_home(
+        tmp_path: Path, tiny_models: Path, prefect_api: str) -> None:
+    """One grid sweep (a baseline start, an n-gram start, the closing baseline) measures both
+    classes and the service, its engines logging each request's body as vLLM's request logger
+    does (`--enable-log-requests`, the documented logging config): that log, converted, is a
+    trace of exactly what was replayed. Guaranteed at any machine speed: every request asked for, and got,
+    the output length its log recorded (the agreeing target never stops early); the router's
+    one-word answers never promote a drafter; whatever is promoted is n-gram; the service's
+    speedup lies between its classes' (a mix of the two); the report and the console set the
+    service beside routing; no prompt text reaches MLflow (store and artifacts), the report or
+    the champions."""
+    trace = traces.write(tmp_path / "trace.jsonl", per_class=24)
+    args = ["experiment=cpu_demo", "drafter=[none,ngram]", "workload=[trace]",
+            f"workload.trace.source.path={trace}", "workload.trace.num_prompts=16",
+            "workload.trace.max_tokens=192", "workload.trace.input_len=400", "service=[shared]",
+            "service.shared.num_prompts=32", "sweep.design=grid", f"paths.models={tiny_models}",
+            "backend.engine.extra_args=[--distributed-executor-backend,uni,--enable-log-requests]",
+            f"+backend.env.VLLM_LOGGING_CONFIG_PATH={convert.LOGGING}",
+            f"tracking.workdir={tmp_path / 'work'}",
+            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            f"promote.output_dir={tmp_path / 'promoted'}"]
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=prefect_api,
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
+               HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "specflow", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    decided = {m[1]: m[2] for m in re.finditer(
+        r"^(router|sql-agent|shared) c4: (promote|off|unresolved)\b", out, re.M)}
+    assert set(decided) == {"router", "sql-agent", "shared"}, out[-3000:]
+    assert decided["router"] != "promote", out[-3000:]  # nothing left to draft on one word
+    for cls in ("sql-agent", "shared"):
+        if decided[cls] == "promote":
+            assert re.search(rf"^{cls} c4: promote: ngram-n8 N=8 ", out, re.M), out[-3000:]
+    # the one server beside a pool per class, in the console and the report
+    line = re.search(r"^shared c4: one server: .*; routing each class to its own champion: "
+                     r"([\d.]+)x \((router|sql-agent): .*50% of requests.*", out, re.M)
+    assert line, out[-3000:]
+    sweep_dir = next((tmp_path / "work" / "sweeps").iterdir())
+    report = (sweep_dir / "report" / "report.md").read_text()
+    assert "## Services: one server, or a pool per class" in report
+    assert re.search(r"^\| shared \| c4 \| ", report, re.M), report[-2000:]
+    # measured output lengths: the log's, request by request
+    ledger = Ledger(tmp_path / "work", sweep_dir.name)
+    ms = [m for m in ledger.measurements() if m.ok]
+    assert len(ms) == len(ledger.measurements()) == 15  # 3 starts' windows, all ok
+    datasets = {p.name.rsplit("-", 1)[0]: p for p in (sweep_dir / "datasets").iterdir()}
+    asked = {w: [json.loads(x)["output_tokens"] for x in p.read_text().splitlines()]
+             for w, p in datasets.items()}
+    for m in ms:
+        got = [r.output_tokens for r in m.requests]
+        assert got == asked[m.key.workload], (m.key.id, got, asked[m.key.workload])
+    # the service mixes its classes: its speedup lies between theirs
+    speed = {}
+    for cls in ("router", "sql-agent", "shared"):
+        base = [m.output_throughput for m in ms if m.key.workload == cls
+                and m.method == "none"]
+        cand = [m.output_throughput for m in ms if m.key.workload == cls
+                and m.method == "ngram"]
+        speed[cls] = (sum(cand) / len(cand)) / (sum(base) / len(base))
+    lo, hi = sorted((speed["router"], speed["sql-agent"]))
+    assert 0.9 * lo <= speed["shared"] <= 1.1 * hi, speed
+    assert speed["sql-agent"] > speed["router"], speed
+    # production text stays in the work directory: not in MLflow, the report or champions
+    logged = [json.loads(x) for x in trace.read_text().splitlines()]
+    texts = {m["content"] for r in logged for m in (r.get("request") or r)["messages"]
+             if isinstance(m.get("content"), str) and len(m["content"]) > 30}
+    assert len(texts) > 40
+    store = [tmp_path / "mlflow.db", *(tmp_path / "work" / "mlartifacts").rglob("*"),
+             *(sweep_dir / "report").rglob("*"), *(tmp_path / "promoted").rglob("*")]
+    files = [p for p in store if p.is_file()]
+    assert len(files) > 50 and any(p.name == "result.json" for p in files)
+
+    def found(data: bytes) -> list[str]:
+        return [t[:40] for t in texts if t.encode() in data or json.dumps(t)[1:-1].encode()
+                in data]
+
+    home = b"".join(p.read_bytes() for p in (sweep_dir / "datasets").iterdir())
+    assert len(found(home)) > 40  # the check finds them where they are: the replayed datasets
+    for p in files:
+        assert not found(p.read_bytes()), p
+    assert not any(t in out + proc.stderr for t in texts)
+    # vLLM's own request log, converted: every replayed prompt with its output length
+    logs = [p for p in (sweep_dir / "runs" / "engines").glob("*.log") if "JSON body" in
+            p.read_text(errors="replace")]
+    assert len(logs) == 2, list((sweep_dir / "runs" / "engines").iterdir())  # both engines
+    converted = tmp_path / "from-vllm.jsonl"
+    rows = []
+    for log in logs:
+        assert convert.main(["vllm-log", str(log), "-o", str(tmp_path / "one.jsonl")]) == 0
+        rows += (tmp_path / "one.jsonl").read_text().splitlines()
+    converted.write_text("\n".join(rows) + "\n")
+    replayed = {(json.loads(x)["prompt"], json.loads(x)["output_tokens"])
+                for p in datasets.values() for x in p.read_text().splitlines()}
+    trace_back = read_trace(converted, TraceSource(path=str(converted)))
+    assert not trace_back.problems
+    got = {(r.prompt, r.max_tokens) for r in trace_back.requests}
+    assert replayed <= got, len(replayed - got)
+    assert all(r.timestamp and r.timestamp > 1.7e9 for r in trace_back.requests)
