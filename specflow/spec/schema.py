@@ -352,7 +352,8 @@ class JsonlSource(_Model):
 
 
 class HfSource(_Model):
-    """A Hugging Face dataset read from the local cache or a local directory; never downloaded."""
+    """A Hugging Face dataset read from the local cache or a local directory; downloaded only
+    when `download` is true."""
 
     kind: Literal["hf"] = "hf"
     """Source discriminator."""
@@ -368,6 +369,9 @@ class HfSource(_Model):
     """Column holding a reference answer (needed for few-shot examples); null when unused."""
     revision: str | None = Field(default=None, min_length=1)
     """Cached snapshot to read (commit sha or ref name); null: the cache's `main` ref."""
+    download: bool = False
+    """Download the dataset into the local HF cache when it is not there (off by default: a
+    sweep reads only what is on the machine; never in the tests or the demo)."""
 
 
 class TraceSource(_Model):

@@ -42,6 +42,9 @@ def hf_files(src: HfSource, where: str) -> tuple[list[Path], str]:
     files = _datasets_cache_files(src, where)
     if files:
         return files, f"the datasets cache ({files[0].parent})"
+    if src.download:
+        snapshot = _download(src, where)
+        return _split_files(snapshot, src, where), f"downloaded to the HF cache ({snapshot})"
     raise Fail(Problem(
         f"{where}.dataset",
         f"not in the local Hugging Face cache (searched {hfcache.hub_cache()} and "
@@ -50,8 +53,23 @@ def hf_files(src: HfSource, where: str) -> tuple[list[Path], str]:
         f"a cached dataset or a local path: download it on a connected machine with "
         f"`hf download {src.dataset} --repo-type dataset` (the cache is $HF_HOME/hub) and copy "
         "the cache here, or set source.dataset to a local directory or file, or set "
-        "source.kind=jsonl",
+        "source.kind=jsonl, or source.download=true to let specflow download it here",
     ))
+
+
+def _download(src: HfSource, where: str) -> Path:
+    """The dataset downloaded into the local HF cache (`source.download: true` only; a token,
+    if the dataset needs one, comes from HF_TOKEN / the hf login and is never logged)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(src.dataset, repo_type="dataset",
+                                      revision=src.revision))
+    except Exception as exc:  # noqa: BLE001 - offline, unknown, gated: one problem line
+        raise Fail(Problem(f"{where}.download", f"could not download the dataset "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
+                           src.dataset, "a reachable hub (HF_HUB_OFFLINE unset) and a dataset "
+                           "id it holds (and HF_TOKEN for a gated one)")) from None
 
 
 def _looks_like_path(dataset: str) -> bool:

@@ -172,3 +172,19 @@ def test_a_bad_trace_workload_or_service_is_refused_naming_it(
     said = info.value.render()
     for words in says:
         assert words in said, said
+
+
+def test_speed_bench_parquet_is_read_as_the_hub_ships_it(tmp_path: Path) -> None:
+    """SPEED-Bench's parquet columns (question_id, category, turns, ...), one row a question."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "qualitative.parquet"
+    pq.write_table(pa.table({"question_id": [1, 2], "category": ["coding", "stem"],
+                             "turns": [["write a parser", "now test it"], ["why is the sky"]],
+                             "multiturn": [True, False]}), path)
+    trace = read_trace(path, TraceSource(path=str(path), format="speed_bench"))
+    assert trace.problems == []
+    assert [(r.line, r.traffic_class, r.messages) for r in trace.requests] == [
+        (1, "coding", ({"role": "user", "content": "write a parser"},)),
+        (2, "stem", ({"role": "user", "content": "why is the sky"},))]

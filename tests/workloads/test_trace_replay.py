@@ -124,3 +124,29 @@ def test_traffic_names_every_problem_with_file_and_line(tmp_path: Path, trace: P
     assert "no such file" in capsys.readouterr().err
     assert main(["traffic", str(trace), "--format", "csv"]) == EXIT_INVALID
     assert "--format: unknown trace format; got 'csv'" in capsys.readouterr().err
+
+
+def test_a_hub_dataset_is_downloaded_only_when_asked(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off by default: the problem says how to supply it (or to ask for the download). Asked,
+    the download is tried (here offline: the hub library's own refusal, as one problem line)."""
+    import huggingface_hub.constants
+
+    from specflow.spec.errors import SpecError
+    from specflow.spec.schema import WorkloadSpec
+    from specflow.workloads.sources import examples
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    spec = WorkloadSpec(traffic_class="chat", source={"kind": "hf", "dataset": "nvidia/SPEED-Bench",
+                                                      "subset": "qualitative", "field": "turns"},
+                        needs_hub=True)
+    with pytest.raises(SpecError) as info:
+        examples("speed", spec)
+    assert "source.download=true to let specflow download it here" in info.value.render()
+    asked = spec.model_copy(update={"source": spec.source.model_copy(update={"download": True})})
+    with pytest.raises(SpecError) as info:
+        examples("speed", asked)
+    said = info.value.render()
+    assert said.count("workload.speed.source.download: could not download the dataset") == 1
+    assert "HF_TOKEN" in said and "Traceback" not in said

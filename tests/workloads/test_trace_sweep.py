@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from specflow.demo import traces
+from specflow.results.ledger import Ledger
 from specflow.spec.schema import TraceSource
 from specflow.spec.traces import read_trace
 from specflow.workloads import convert
-from specflow.results.ledger import Ledger
 
 
 @pytest.mark.engine
@@ -27,12 +27,12 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     """One grid sweep (a baseline start, an n-gram start, the closing baseline) measures both
     classes and the service, its engines logging each request's body as vLLM's request logger
     does (`--enable-log-requests`, the documented logging config): that log, converted, is a
-    trace of exactly what was replayed. Guaranteed at any machine speed: every request asked for, and got,
-    the output length its log recorded (the agreeing target never stops early); the router's
-    one-word answers never promote a drafter; whatever is promoted is n-gram; the service's
-    speedup lies between its classes' (a mix of the two); the report and the console set the
-    service beside routing; no prompt text reaches MLflow (store and artifacts), the report or
-    the champions."""
+    trace of exactly what was replayed. Guaranteed at any machine speed: every request asked
+    for, and got, the output length its log recorded (the agreeing target never stops early);
+    the router's one-word answers never promote a drafter; whatever is promoted is n-gram; the
+    service's speedup lies between its classes' (a mix of the two); the report and the console
+    set the service beside routing; no prompt text reaches MLflow (store and artifacts), the
+    report or the champions."""
     trace = traces.write(tmp_path / "trace.jsonl", per_class=24)
     args = ["experiment=cpu_demo", "drafter=[none,ngram]", "workload=[trace]",
             f"workload.trace.source.path={trace}", "workload.trace.num_prompts=16",
