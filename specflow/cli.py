@@ -53,7 +53,7 @@ DESCRIPTION = """commands:
                  (classes and shares, input/output tokens, turns, tool use, request rate);
                  its problems by file:line, exit 2 (docs/traces.md)
 
-overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload,
+overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload/service,
 key=value (sweep.repeats=5), +key=value to add, ~key to delete.
 -m / --multirun: a,b,c or range(a,b) values are swept, one command per combination
 (python -m specflow -m target=qwen3_8b,llama3_1_8b hardware=h200: two sweeps).

@@ -195,7 +195,7 @@ def _rows(path: Path, fail: Any) -> Iterator[tuple[int, Any]]:
             if not text.strip():
                 continue
             try:
-                yield n, json.loads(text)
+                yield n, json.loads(text.strip())
             except json.JSONDecodeError as exc:
                 fail(n, "is not valid JSON", Raw(f"{exc.msg} at column {exc.colno}"),
                      "one JSON object per line")
@@ -289,7 +289,7 @@ def _request(n: int, row: dict[str, Any], src: TraceSource, fail: Any) -> Reques
     else:
         tried = list(_paths(src, "messages")) + list(_paths(src, "prompt"))
         bad("has no messages and no prompt", Raw(f"keys {sorted(row)[:8]}"),
-            f"one of {one_of(tried)} (at the top, under 'request' or 'body'), or "
+            f"{one_of(tried)} (at the top, under 'request' or 'body'), or "
             "source.messages_field / prompt_field naming where they are")
     if messages is not None and any(PLACEHOLDER in (m.get("content") or "") for m in messages):
         bad("holds SPEED-Bench's placeholder instead of the prompt",

@@ -83,7 +83,8 @@ def summarize(trace: Trace, src: TraceSource, tokenizer: str | None = None,
     total = len(trace.requests)
     return {
         "file": str(trace.path), "requests": total,
-        "tokens": "tokenizer" if tok is not None else f"estimated (chars / {CHARS_PER_TOKEN})",
+        "tokens": "counted with the tokenizer" if tok is not None
+        else f"estimated (chars / {CHARS_PER_TOKEN})",
         **_span(trace.requests),
         "classes": {c: _class_summary(reqs, total, src, tok)
                     for c, reqs in sorted(by_class.items(), key=lambda kv: -len(kv[1]))},
@@ -103,7 +104,7 @@ def print_summary(s: dict[str, Any], out: Console) -> None:
     rate = (f", {s['span_s']:.0f} s, {s['rate_per_s']:.2f} req/s" if "span_s" in s else
             ", no timestamps")
     table = Table(title=f"{s['file']}: {s['requests']} requests{rate}; tokens "
-                        f"{s['tokens']}; p50/p90/p99", title_justify="left")
+                        f"{s['tokens']}; p50/p90/p99", title_justify="left", expand=False)
     for col in ("class", "requests", "share", "input tokens", "output tokens (log)",
                 "max_tokens", "turns", "tool use", "req/s"):
         table.add_column(col, justify="left" if col == "class" else "right")

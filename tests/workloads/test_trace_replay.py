@@ -90,8 +90,8 @@ def test_traffic_says_what_a_log_holds(trace: Path, tiny_models: Path,
                  "--tokenizer", str(tiny_models / "mimo_mtp2")]) == 0
     s = json.loads(capsys.readouterr().out)
     agent, router = s["classes"]["sql-agent"], s["classes"]["router"]
-    assert (s["requests"], s["tokens"], agent["requests"], agent["share"]) == (48, "tokenizer",
-                                                                              24, 0.5)
+    assert (s["requests"], s["tokens"], agent["requests"], agent["share"]) == (
+        48, "counted with the tokenizer", 24, 0.5)
     assert agent["tool_use"] == 1.0 and router["tool_use"] == 0.0
     assert agent["turns"]["p50"] == 5 and router["turns"]["p50"] == 1
     assert 96 <= agent["output_tokens"]["p50"] <= 192 and router["output_tokens"]["p99"] <= 2

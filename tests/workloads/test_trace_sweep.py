@@ -24,7 +24,7 @@ from specflow.workloads import convert
 @pytest.mark.engine
 def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_home(
         tmp_path: Path, tiny_models: Path, prefect_api: str) -> None:
-    """One grid sweep (a baseline start, an n-gram start, the closing baseline) measures both
+    """One grid sweep (a baseline start and an n-gram start) measures both
     classes and the service, its engines logging each request's body as vLLM's request logger
     does (`--enable-log-requests`, the documented logging config): that log, converted, is a
     trace of exactly what was replayed. Guaranteed at any machine speed: every request asked
@@ -37,7 +37,8 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     args = ["experiment=cpu_demo", "drafter=[none,ngram]", "workload=[trace]",
             f"workload.trace.source.path={trace}", "workload.trace.num_prompts=16",
             "workload.trace.max_tokens=192", "workload.trace.input_len=400", "service=[shared]",
-            "service.shared.num_prompts=32", "sweep.design=grid", f"paths.models={tiny_models}",
+            "service.shared.num_prompts=32", "sweep.design=grid",
+            "sweep.closing_baseline_repeats=0", f"paths.models={tiny_models}",
             "backend.engine.extra_args=[--distributed-executor-backend,uni,--enable-log-requests]",
             f"+backend.env.VLLM_LOGGING_CONFIG_PATH={convert.LOGGING}",
             f"tracking.workdir={tmp_path / 'work'}",
@@ -68,7 +69,7 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     # measured output lengths: the log's, request by request
     ledger = Ledger(tmp_path / "work", sweep_dir.name)
     ms = [m for m in ledger.measurements() if m.ok]
-    assert len(ms) == len(ledger.measurements()) == 15  # 3 starts' windows, all ok
+    assert len(ms) == len(ledger.measurements()) == 12  # 2 starts x 3 workloads x 2, all ok
     datasets = {p.name.rsplit("-", 1)[0]: p for p in (sweep_dir / "datasets").iterdir()}
     asked = {w: [json.loads(x)["output_tokens"] for x in p.read_text().splitlines()]
              for w, p in datasets.items()}
