@@ -74,7 +74,7 @@ class ServiceRouting:
         else:
             own = self.outcome
         parts = "; ".join(f"{r.traffic_class}: {r.engine}"
-                          + (f" {r.speedup:.3g}x" if r.engine != "off" else "")
+                          + (f" {r.speedup:.3g}x" if not r.engine.startswith("off") else "")
                           + f", {r.share:.0%} of requests, {r.time_share:.0%} of the time"
                           for r in self.routes)
         verdict = (f"routing would add {self.gain:+.0%}" if abs(self.gain) >= 0.005
@@ -91,7 +91,8 @@ def _band(decisions: tuple[Decision, ...], band: Band) -> Decision | None:
 
 def _answer(d: Decision | None) -> tuple[str, Estimate | None]:
     """(engine, speedup) a band's answer stands for: its winner; for an unresolved band, its
-    best open candidate's estimate (marked: not a decision); off: the baseline."""
+    best open candidate's estimate where that is a gain (marked: not a decision), else off;
+    off: the baseline."""
     if d is None:
         return "off", None
     if d.winner is not None and d.winner.worst is not None:
@@ -101,7 +102,9 @@ def _answer(d: Decision | None) -> tuple[str, Estimate | None]:
         if open_:
             best = max(open_, key=lambda v: v.worst.speedup.value)  # type: ignore[union-attr]
             assert best.worst is not None
-            return f"{best.engine} (unresolved)", best.worst.speedup
+            if best.worst.speedup.value > 1.0:
+                return f"{best.engine} (unresolved)", best.worst.speedup
+            return "off (unresolved)", None
     return "off", None
 
 

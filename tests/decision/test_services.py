@@ -4,6 +4,8 @@ on one-token router answers), and the mix must come out each way with the shares
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,25 @@ def test_the_service_is_decided_on_its_mix_and_routing_is_set_beside_it(
             assert s.text().startswith("shared c1: one server: off; routing each class to its "
                                        "own champion: ")
         assert f"routing would add {s.gain:+.0%}" in s.text() and not s.unresolved
+
+
+def test_unresolved_bands_stand_in_with_their_best_gain_and_say_so() -> None:
+    """A race that ran out of budget: each band's best open estimate stands in where it is a
+    gain (the agent's n-gram), off where its candidates are ruled out (the router's), and the
+    line says these are estimates of unresolved bands."""
+    a = analyze(_windows(0.5, 0), PromoteSpec())
+
+    def unresolved(r):  # noqa: ANN001, ANN202
+        d = dataclasses.replace(r.decisions[0], winner=None, unresolved="the budget is spent")
+        return dataclasses.replace(r, decisions=(d,))
+
+    a = dataclasses.replace(a, classes=tuple(unresolved(r) for r in a.classes))
+    (s,) = routing(a, {"shared": {"agent": 0.5, "router": 0.5}},
+                   {"agent": "sql-agent", "router": "router"},
+                   {("agent", 1): SECONDS["agent"], ("router", 1): SECONDS["router"]})
+    agent, router = s.routes
+    assert (agent.engine, router.engine, router.speedup) == ("ngram-n8 (unresolved)", "off",
+                                                             1.0)
+    assert s.unresolved and s.outcome == "unresolved" and s.speedup is not None
+    assert s.text().endswith("(estimates of unresolved bands: more engine starts settle them)")
+    assert "router: off, 50% of requests" in s.text()
