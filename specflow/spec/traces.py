@@ -46,6 +46,7 @@ DEFAULTS: dict[str, tuple[str, ...]] = {
                       "output_tokens"),
     "timestamp": ("timestamp", "created", "time"),
     "class": (),
+    "template_kwargs": ("chat_template_kwargs",),
 }
 """The dotted paths tried for each field when the source names none (within each of ROOTS)."""
 
@@ -85,6 +86,9 @@ class Request:
     """Arrival time, seconds since the epoch, if logged."""
     traffic_class: str | None = None
     """Its class, from the class field."""
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+    """The request's `chat_template_kwargs` (e.g. `enable_thinking: false`), passed to the
+    template as vLLM's server passes them."""
 
     @property
     def turns(self) -> int:
@@ -100,7 +104,8 @@ class Request:
     @property
     def key(self) -> str:
         """A digest of what is sent (duplicates in a log are one request)."""
-        body = {"m": self.messages, "p": self.prompt, "t": self.tools}
+        body = {"m": self.messages, "p": self.prompt, "t": self.tools,
+                "k": dict(self.template_kwargs)}
         return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False)
                               .encode()).hexdigest()
 
@@ -332,10 +337,17 @@ def _request(n: int, row: dict[str, Any], src: TraceSource, fail: Any) -> Reques
         if ts is None:
             bad(f"'{tspath}' is not a time", value, "seconds (or ms) since the epoch, or an "
                 "ISO 8601 string")
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    kpath, value = _find(row, DEFAULTS["template_kwargs"])
+    if value is not MISSING:
+        if isinstance(value, dict):
+            kwargs = tuple(sorted(value.items()))
+        else:
+            bad(f"'{kpath}' is not a mapping", value, "an object of template arguments")
     if not ok:
         return None
     return Request(n, tuple(messages) if messages is not None else None, prompt, tools,
-                   limits["max_tokens"], limits["output_tokens"], ts, cls)
+                   limits["max_tokens"], limits["output_tokens"], ts, cls, kwargs)
 
 
 def _messages(raw: Any, where: str, src: TraceSource, bad: Any) -> list[dict[str, Any]] | None:

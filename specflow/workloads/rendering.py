@@ -66,7 +66,8 @@ def _logged(name: str, spec: WorkloadSpec, example: Example, tok: Tokenizer | No
         return "\n".join(([system] if system else []) + lines + ["Assistant:"])
     if tok is None:
         return render(name, spec, (), Example(""), None)  # the problem: no tokenizer
-    return _apply_template(name, tok, system, messages, list(req.tools) or None)
+    return _apply_template(name, tok, system, messages, list(req.tools) or None,
+                           dict(req.template_kwargs))
 
 
 def _server_turn(m: Message) -> Message:
@@ -101,7 +102,8 @@ def _join(prompt: str, answer: str) -> str:
 
 
 def _apply_template(name: str, tok: Tokenizer, system: str | None,
-                    messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str:
+                    messages: list[Message], tools: list[dict[str, Any]] | None = None,
+                    kwargs: dict[str, Any] | None = None) -> str:
     if not getattr(tok, "chat_template", None):
         raise SpecError([Problem(
             f"workload.{name}.chat_template", "the tokenizer has no chat template", True,
@@ -110,7 +112,7 @@ def _apply_template(name: str, tok: Tokenizer, system: str | None,
 
     def apply(msgs: list[Message]) -> str:
         text = tok.apply_chat_template(msgs, tools=tools, tokenize=False,
-                                       add_generation_prompt=True)
+                                       add_generation_prompt=True, **(kwargs or {}))
         assert isinstance(text, str)  # tokenize=False renders text
         return text
 

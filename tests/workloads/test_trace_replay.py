@@ -150,3 +150,31 @@ def test_a_hub_dataset_is_downloaded_only_when_asked(tmp_path: Path,
     said = info.value.render()
     assert said.count("workload.speed.source.download: could not download the dataset") == 1
     assert "HF_TOKEN" in said and "Traceback" not in said
+
+
+def test_a_requests_template_arguments_reach_the_template(tiny_models: Path,
+                                                          tmp_path: Path) -> None:
+    """`chat_template_kwargs` of a logged request (Qwen3's `enable_thinking: false`) are passed
+    to the target's template as vLLM's server passes them; tools reach it too."""
+    from specflow.spec.schema import TraceSource, WorkloadSpec
+    from specflow.spec.traces import read_trace
+    from specflow.workloads.model import Example
+    from specflow.workloads.rendering import render
+    from specflow.workloads.tokens import load_tokenizer
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                "tools": [{"type": "function", "function": {"name": "ls"}}],
+                                "chat_template_kwargs": {"enable_thinking": False}}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    src = TraceSource(path=str(path))
+    quiet, plain = read_trace(path, src).requests
+    assert quiet.template_kwargs == (("enable_thinking", False),) and quiet.key != plain.key
+    tok = load_tokenizer(str(tiny_models / "mimo_mtp2"))
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                         "{% if tools %}[{{ tools | length }} tools]{% endif %}"
+                         "{% if enable_thinking is defined and not enable_thinking %}"
+                         "<think></think>{% endif %}")
+    spec = WorkloadSpec(traffic_class="t", source=src)
+    assert render("t", spec, (), Example("", request=quiet), tok) == "hi[1 tools]<think></think>"
+    assert render("t", spec, (), Example("", request=plain), tok) == "hi"
