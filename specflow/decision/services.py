@@ -133,9 +133,10 @@ def routing(analysis: Analysis, services: Mapping[str, Mapping[str, float]],
                 continue
             for w, t in times.items():
                 cls = decided.get(classes.get(w, w))
-                engine, est = _answer(_band(cls.decisions, d.band) if cls else None)
-                if cls is None:
+                own = _band(cls.decisions, d.band) if cls is not None else None
+                if cls is None or own is None:
                     break
+                engine, est = _answer(own)
                 routes.append(Route(w, cls.traffic_class, shares[w] / total, t / spent, engine,
                                     est.value if est is not None else 1.0))
             if len(routes) != len(shares):

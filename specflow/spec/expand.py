@@ -7,7 +7,9 @@ and its hash, headroom, materialising, the decision) sees plain workloads with a
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 
 from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
 from specflow.spec.schema import MixSource, ServiceSpec, Spec, TraceSource, WorkloadSpec
@@ -23,19 +25,40 @@ def expand(spec: Spec) -> Spec:
     workloads: dict[str, WorkloadSpec] = {}
     trace_share: dict[str, tuple[str, float]] = {}
     split_from: dict[str, list[str]] = {}
+    failed: set[str] = set()
     for name, w in spec.workload.items():
+        if isinstance(w.source, MixSource):
+            problems += _user_mix(name, w.source, spec.workload)
+        if isinstance(w.source, TraceSource):
+            w = _pinned(w, w.source)
         if not (isinstance(w.source, TraceSource) and w.traffic_class is None):
             workloads[name] = w
             continue
         split, shares, found = _split(name, w, w.source, spec.workload)
         problems += found
+        for c in split:
+            if c in workloads:  # an earlier trace's class of the same name
+                problems.append(Problem(f"workload.{name}.source.class_field", "two traces "
+                                        "hold a class of this name", c, "classes with "
+                                        "distinct names (source.classes picks classes)"))
         workloads.update(split)
         trace_share.update(shares)
         split_from[name] = list(split)
+        if found and not split:
+            failed.add(name)
+    classes = {w.traffic_class or n for n, w in workloads.items()}
     for sname, svc in spec.service.items():
         if isinstance(svc.classes, list):  # a split trace's name: all of its classes
+            if failed & set(svc.classes):
+                continue  # the trace's own problems say why
             svc = svc.model_copy(update={"classes": [
                 c for n in svc.classes for c in split_from.get(n, [n])]})
+        if sname in classes and sname not in workloads:
+            problems.append(Problem(f"service.{sname}", "a service has the name of a traffic "
+                                    "class (its windows would join that class's decision)",
+                                    sname, f"a name no workload or class has: not one of "
+                                    f"{sorted(classes)}"))
+            continue
         try:
             workloads[sname] = _service(sname, svc, workloads, trace_share)
         except SpecError as err:
@@ -45,6 +68,29 @@ def expand(spec: Spec) -> Spec:
     if workloads == spec.workload:
         return spec
     return spec.model_copy(update={"workload": workloads})
+
+
+def _pinned(w: WorkloadSpec, src: TraceSource) -> WorkloadSpec:
+    """The trace workload with the sha256 of the file as it is now (`TraceSource.sha256`), so a
+    log replaced in place is another sweep; a file that cannot be read is left to the reader's
+    problems."""
+    try:
+        digest = hashlib.sha256(Path(src.path).expanduser().read_bytes()).hexdigest()
+    except OSError:
+        return w
+    if src.sha256 not in (None, digest):
+        return w  # stated and different: the reader refuses it
+    return w.model_copy(update={"source": src.model_copy(update={"sha256": digest})})
+
+
+def _user_mix(name: str, mix: MixSource, declared: Mapping[str, WorkloadSpec]) -> list[Problem]:
+    """A mix written in conf: its parts are other workloads, none of them a mix."""
+    return [Problem(f"workload.{name}.source.parts", "not a workload to mix", p,
+                    one_of(sorted(n for n, w in declared.items()
+                                  if n != name and not isinstance(w.source, MixSource))),
+                    did_you_mean(p, [n for n in declared if n != name]))
+            for p in mix.parts if p == name or p not in declared
+            or isinstance(declared[p].source, MixSource)]
 
 
 def _split(name: str, w: WorkloadSpec, src: TraceSource, declared: Mapping[str, WorkloadSpec]
@@ -98,6 +144,9 @@ def _service(sname: str, svc: ServiceSpec, workloads: Mapping[str, WorkloadSpec]
     if sname in workloads:
         problems.append(Problem(f"service.{sname}", "a service has the name of a workload",
                                 sname, "a name no workload has"))
+    if svc.num_prompts < len(set(names)):
+        problems.append(Problem(f"service.{sname}.num_prompts", "fewer requests than classes",
+                                svc.num_prompts, f"at least one per class ({len(set(names))})"))
     if problems:
         raise SpecError(problems)
     if isinstance(svc.classes, dict):

@@ -407,6 +407,9 @@ class TraceSource(_Model):
     `response.usage.completion_tokens`, `output_tokens`."""
     timestamp_field: str | None = Field(default=None, min_length=1)
     """Dotted path of the arrival time; null: `timestamp`, `created`, `time`."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """sha256 of the file; null: taken when the config is loaded (so a log replaced in place is
+    another sweep, never resumed as this one). Stated, the file must have it."""
     log_prompts: bool = False
     """Trace text is production data and stays in the work directory (no prompt or output text
     in MLflow, reports or logs); true lets the window results (with the generated texts) be

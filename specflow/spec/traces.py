@@ -57,6 +57,10 @@ FORMATS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 """Each format's defaults, over DEFAULTS (a source's own field paths win)."""
 
+RESERVED = frozenset({"conversation", "messages", "tools", "tokenize", "add_generation_prompt",
+                      "return_dict", "documents", "chat_template"})
+"""Template arguments a request may not set: the renderer sets them itself."""
+
 PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED"
 """SPEED-Bench's stand-in for prompts it may not redistribute."""
 
@@ -181,9 +185,16 @@ def _find(row: dict[str, Any], paths: Sequence[str], nested: bool = True) -> tup
 def _rows(path: Path, fail: Any) -> Iterator[tuple[int, Any]]:
     """(line, parsed object) of each non-blank line; undecodable lines are reported."""
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        try:
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-        yield from enumerate(pq.read_table(path).to_pylist(), 1)
+            rows = pq.read_table(path).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - not parquet, truncated, no pyarrow: one line
+            fail(1, "is not a readable parquet file", Raw(f"{type(exc).__name__}: "
+                                                          f"{str(exc)[:80]}"),
+                 "a parquet table (SPEED-Bench's), or JSONL")
+            return
+        yield from enumerate(rows, 1)
         return
     with path.open("rb") as fh:
         for n, raw in enumerate(fh, 1):
@@ -252,6 +263,13 @@ def read_trace(path: str | Path, src: TraceSource) -> Trace:
         trace.problems.append(Problem(str(p), "no such file", str(path),
                                       "an existing JSONL request log"))
         return trace
+    if src.sha256 is not None:
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        if digest != src.sha256:
+            trace.problems.append(Problem(str(p), "the file changed since it was pinned",
+                                          Raw(f"sha256 {digest[:16]}..."),
+                                          f"sha256 {src.sha256[:16]}... (source.sha256)"))
+            return trace
     seen = False
     for n, row in _rows(p, fail):
         seen = True
@@ -340,10 +358,13 @@ def _request(n: int, row: dict[str, Any], src: TraceSource, fail: Any) -> Reques
     kwargs: tuple[tuple[str, Any], ...] = ()
     kpath, value = _find(row, DEFAULTS["template_kwargs"])
     if value is not MISSING:
-        if isinstance(value, dict):
-            kwargs = tuple(sorted(value.items()))
+        taken = sorted(set(value) & RESERVED) if isinstance(value, dict) else []
+        if not isinstance(value, dict) or taken:
+            bad(f"'{kpath}' sets what the renderer sets" if taken else
+                f"'{kpath}' is not a mapping of template arguments", taken or value,
+                f"an object of template arguments, none of {sorted(RESERVED)}")
         else:
-            bad(f"'{kpath}' is not a mapping", value, "an object of template arguments")
+            kwargs = tuple(sorted(value.items()))
     if not ok:
         return None
     return Request(n, tuple(messages) if messages is not None else None, prompt, tools,

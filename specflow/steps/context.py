@@ -161,9 +161,13 @@ class Context:
             ec = None
         files = [Path(p) for p in m.artifacts.values()]
         ds = self.datasets.get(m.key.workload)
+        private = ds is None or ds.private  # a window of no known dataset: as if private
         with tempfile.TemporaryDirectory() as tmp:
-            if ds is not None and ds.private:  # production text stays in the work directory
+            if private:  # production text stays in the work directory
                 files = [redacted(f, Path(tmp)) for f in files]
+                if m.failure_detail:  # a log's tail: the engine's may quote a request
+                    m = replace(m, failure_detail=WITHHELD.format(m.failure or "failed",
+                                                                  self.ledger.dir))
             try:
                 run_id = self.tracker.log_window(self.parent_run_id, m, ec, files,
                                                 run_id=entry.run_id if entry else None)
@@ -173,6 +177,9 @@ class Context:
         self.ledger.mark_logged(m.key.id, run_id)
 
 
+WITHHELD = ("{} (the log's tail is withheld: this workload replays production text; it is in "
+            "{} under runs/)")
+"""A private window's failure detail as MLflow gets it."""
 TEXT_FIELDS = ("generated_texts", "prompts")
 """A bench result's fields that carry request or response text."""
 

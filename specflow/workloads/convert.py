@@ -34,6 +34,8 @@ LOGGING = Path(__file__).with_name("vllm_request_logging.json")
 BODY = re.compile(r"Request (?P<id>\S+) JSON body: (?P<body>\{.*)$")
 OUTPUT = re.compile(r"Generated response (?P<id>\S+?)(?: \(streaming complete\))? details: "
                     r"output_token_ids: \[(?P<ids>[^\]]*)\]")
+PREFIX = re.compile(r"^(?:chatcmpl|cmpl|resp)-")
+"""What vLLM's endpoints put before the request's own id in a response's id."""
 STAMP = re.compile(r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?)|"
                    r"(?P<short>\b\d\d-\d\d \d\d:\d\d:\d\d)")
 """A line's time: ISO 8601 (the documented logging config), or vLLM's default `%m-%d %H:%M:%S`
@@ -74,13 +76,15 @@ def vllm_log(lines: Iterable[str], where: str = "log", year: int | None = None
             found.append(row)
             continue
         out = OUTPUT.search(line)
-        if out is not None:
-            lengths[out["id"]] = len([x for x in out["ids"].split(",") if x.strip()])
+        if out is not None:  # the response's id is the body's with the endpoint's prefix
+            rid = PREFIX.sub("", out["id"])
+            lengths[rid] = len([x for x in out["ids"].split(",") if x.strip()])
     if problems:
         raise SpecError(problems)
     for row in found:
-        if row["request_id"] in lengths:
-            row["output_tokens"] = lengths[row["request_id"]]
+        rid = PREFIX.sub("", row["request_id"])
+        if rid in lengths:
+            row["output_tokens"] = lengths[rid]
         yield row
 
 

@@ -124,7 +124,7 @@ def _apply_template(name: str, tok: Tokenizer, system: str | None,
                 raise
             first = dict(messages[0], content=f"{system}\n\n{messages[0]['content']}")
             text = apply([first, *messages[1:]])  # templates without a system role
-    except TemplateError as exc:
+    except (TemplateError, TypeError) as exc:
         raise SpecError([Problem(
             f"workload.{name}.chat_template", f"the tokenizer's chat template rejects the "
             f"conversation ({exc})", True, "false, or few_shot/system_prompt the template "

