@@ -106,6 +106,12 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     assert len(found(home)) > 40  # the check finds them where they are: the replayed datasets
     for p in files:
         assert not found(p.read_bytes()), p
+    # generated text neither: the window results MLflow holds carry each text's sha256
+    results = [json.loads(p.read_text()) for p in files if p.name == "result.json"]
+    assert len(results) == 12 and all(
+        len(t) == 64 and set(t) <= set("0123456789abcdef")
+        for r in results for t in r["generated_texts"])
+    assert not any(p.suffix == ".log" for p in files if "mlartifacts" in p.parts)
     assert not any(t in out + proc.stderr for t in texts)
     # vLLM's own request log, converted: every replayed prompt with its output length
     logs = [p for p in (sweep_dir / "runs" / "engines").glob("*.log") if "JSON body" in
