@@ -7,13 +7,11 @@ and its hash, headroom, materialising, the decision) sees plain workloads with a
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
-from pathlib import Path
 
 from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
 from specflow.spec.schema import MixSource, ServiceSpec, Spec, TraceSource, WorkloadSpec
-from specflow.spec.traces import read_trace
+from specflow.spec.traces import file_sha256, read_trace
 
 SHARE_DIGITS = 6
 """Shares are rounded to this many digits (so that the plan's hash is stable)."""
@@ -29,10 +27,8 @@ def expand(spec: Spec) -> Spec:
     for name, w in spec.workload.items():
         if isinstance(w.source, MixSource):
             problems += _user_mix(name, w.source, spec.workload)
-        if isinstance(w.source, TraceSource):
-            w = _pinned(w, w.source)
         if not (isinstance(w.source, TraceSource) and w.traffic_class is None):
-            workloads[name] = w
+            workloads[name] = _pinned(w, w.source) if isinstance(w.source, TraceSource) else w
             continue
         split, shares, found = _split(name, w, w.source, spec.workload)
         problems += found
@@ -71,11 +67,11 @@ def expand(spec: Spec) -> Spec:
 
 
 def _pinned(w: WorkloadSpec, src: TraceSource) -> WorkloadSpec:
-    """The trace workload with the sha256 of the file as it is now (`TraceSource.sha256`), so a
-    log replaced in place is another sweep; a file that cannot be read is left to the reader's
-    problems."""
+    """The trace workload (one class, read when it is materialised) with the sha256 of the file
+    as it is now (`TraceSource.sha256`), so a log replaced in place is another sweep; a file
+    that cannot be read is left to the reader's problems."""
     try:
-        digest = hashlib.sha256(Path(src.path).expanduser().read_bytes()).hexdigest()
+        digest = file_sha256(src.path)
     except OSError:
         return w
     if src.sha256 not in (None, digest):
@@ -125,7 +121,7 @@ def _split(name: str, w: WorkloadSpec, src: TraceSource, declared: Mapping[str, 
                                     "without it"))
             continue
         out[c] = w.model_copy(update={"traffic_class": c, "source": src.model_copy(
-            update={"classes": [c]})})
+            update={"classes": [c], "sha256": trace.sha256})})  # pinned as it was read
         shares[c] = (src.path, round(counts[c] / total, SHARE_DIGITS))
     return out, shares, problems
 

@@ -134,6 +134,8 @@ class Trace:
     requests: list[Request] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     more_problems: int = 0
+    sha256: str = ""
+    """sha256 of the file's bytes, taken as it was read ("" when it could not be read)."""
 
     def classes(self) -> Counter[str]:
         """Requests per class (`None`'s requests counted under "")."""
@@ -182,9 +184,25 @@ def _find(row: dict[str, Any], paths: Sequence[str], nested: bool = True) -> tup
     return "", MISSING
 
 
-def _rows(path: Path, fail: Any) -> Iterator[tuple[int, Any]]:
-    """(line, parsed object) of each non-blank line; undecodable lines are reported."""
+CHUNK = 1 << 20
+"""Bytes hashed at a time."""
+
+
+def file_sha256(path: str | Path, digest: Any = None) -> str:
+    """sha256 of a file's bytes, read in chunks (into `digest` when given)."""
+    digest = digest if digest is not None else hashlib.sha256()
+    with Path(path).expanduser().open("rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return str(digest.hexdigest())
+
+
+def _rows(path: Path, fail: Any, digest: Any) -> Iterator[tuple[int, Any]]:
+    """(line, parsed object) of each non-blank line; undecodable lines are reported. The file's
+    bytes are hashed into `digest` on the way (all of them, also after a line that ends the
+    reading)."""
     if path.suffix == ".parquet":
+        file_sha256(path, digest)  # pyarrow reads the file itself
         try:
             import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
@@ -198,16 +216,17 @@ def _rows(path: Path, fail: Any) -> Iterator[tuple[int, Any]]:
         return
     with path.open("rb") as fh:
         for n, raw in enumerate(fh, 1):
+            digest.update(raw)
             if b"\0" in raw:
                 fail(n, "is not text (a binary file?)", Raw(f"{len(raw)} bytes with NUL"),
                      "a JSONL request log, UTF-8")
-                return
+                break
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 fail(n, "is not UTF-8 text (a binary file?)", Raw(str(exc)[:60]),
                      "a JSONL request log, UTF-8")
-                return
+                break
             if not text.strip():
                 continue
             try:
@@ -215,6 +234,8 @@ def _rows(path: Path, fail: Any) -> Iterator[tuple[int, Any]]:
             except json.JSONDecodeError as exc:
                 fail(n, "is not valid JSON", Raw(f"{exc.msg} at column {exc.colno}"),
                      "one JSON object per line")
+        for rest in fh:  # after a line that ended the reading: hash the rest too
+            digest.update(rest)
 
 
 def _text(content: Any) -> str | None:
@@ -263,15 +284,9 @@ def read_trace(path: str | Path, src: TraceSource) -> Trace:
         trace.problems.append(Problem(str(p), "no such file", str(path),
                                       "an existing JSONL request log"))
         return trace
-    if src.sha256 is not None:
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
-        if digest != src.sha256:
-            trace.problems.append(Problem(str(p), "the file changed since it was pinned",
-                                          Raw(f"sha256 {digest[:16]}..."),
-                                          f"sha256 {src.sha256[:16]}... (source.sha256)"))
-            return trace
+    digest = hashlib.sha256()
     seen = False
-    for n, row in _rows(p, fail):
+    for n, row in _rows(p, fail, digest):
         seen = True
         if not isinstance(row, dict):
             fail(n, "is not a JSON object", Raw(type(row).__name__), "one request object")
@@ -282,6 +297,12 @@ def read_trace(path: str | Path, src: TraceSource) -> Trace:
     if not seen and not trace.problems:
         trace.problems.append(Problem(str(p), "holds no requests", Raw("an empty file"),
                                       "one JSON request per line"))
+    trace.sha256 = digest.hexdigest()
+    if src.sha256 is not None and trace.sha256 != src.sha256:  # that one problem only
+        trace.requests, trace.more_problems = [], 0
+        trace.problems = [Problem(str(p), "the file changed since it was pinned",
+                                  Raw(f"sha256 {trace.sha256[:16]}..."),
+                                  f"sha256 {src.sha256[:16]}... (source.sha256)")]
     return trace
 
 

@@ -10,7 +10,6 @@ locally while MLflow was unreachable. Nothing is cached in the process.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import importlib.metadata as md
 import json
 import logging
@@ -25,7 +24,7 @@ from specflow.config.artifact import artifact_config
 from specflow.config.compose import Loaded, load_plan
 from specflow.demo import tiny
 from specflow.engine import device, vllm_check
-from specflow.engine.runner import RESULT_FILE, Window, plan_windows
+from specflow.engine.runner import RESULT_FILE, Window, output_digests, plan_windows
 from specflow.records.measurement import Measurement
 from specflow.results.ledger import Ledger, SweepInfo, sweep_id
 from specflow.results.tracking import Tracker
@@ -180,23 +179,17 @@ class Context:
 WITHHELD = ("{} (the log's tail is withheld: this workload replays production text; it is in "
             "{} under runs/)")
 """A private window's failure detail as MLflow gets it."""
-TEXT_FIELDS = ("generated_texts", "prompts")
-"""A bench result's fields that carry request or response text."""
-
-
 def redacted(path: Path, tmp: Path) -> Path:
     """The copy of a window's file that may leave the work directory for a private workload:
-    a bench result without its texts (their sha256 are on the measurement), no log at all
-    (a server's or the bench's log may quote a request); the per-request records and counters
-    (hashes and numbers) as they are."""
+    a bench result with each text replaced by its sha256 (as the measurement holds it), no log
+    at all (a server's or the bench's log may quote a request); the per-request records and
+    counters (hashes and numbers) as they are."""
     if path.suffix == ".log":
         return tmp / "withheld"  # not a file: log_window skips it
     if path.name != RESULT_FILE or not path.is_file():
         return path
     data = json.loads(path.read_text(encoding="utf-8"))
-    for key in TEXT_FIELDS:
-        if isinstance(data.get(key), list):
-            data[key] = [hashlib.sha256(str(t).encode()).hexdigest() for t in data[key]]
+    data["generated_texts"] = list(output_digests(data))  # as the measurement holds them
     out = tmp / path.name
     out.write_text(json.dumps(data), encoding="utf-8")
     return out
