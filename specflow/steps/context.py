@@ -161,9 +161,16 @@ class Context:
         files = [Path(p) for p in m.artifacts.values()]
         ds = self.datasets.get(m.key.workload)
         private = ds is None or ds.private  # a window of no known dataset: as if private
+        # the engine served every workload of its start: where any is private, its log may
+        # quote their requests whichever window it is attached to
+        shared = any(d.private for d in self.datasets.values())
         with tempfile.TemporaryDirectory() as tmp:
             if private:  # production text stays in the work directory
                 files = [redacted(f, Path(tmp)) for f in files]
+            elif shared:
+                files = [Path(tmp) / "withheld" if k == "engine_log" else Path(p)
+                         for k, p in m.artifacts.items()]
+            if private or shared:
                 if m.failure_detail:  # a log's tail: the engine's may quote a request
                     m = replace(m, failure_detail=WITHHELD.format(m.failure or "failed",
                                                                   self.ledger.dir))
@@ -176,7 +183,7 @@ class Context:
         self.ledger.mark_logged(m.key.id, run_id)
 
 
-WITHHELD = ("{} (the log's tail is withheld: this workload replays production text; it is in "
+WITHHELD = ("{} (the log's tail is withheld: this sweep replays production text; it is in "
             "{} under runs/)")
 """A private window's failure detail as MLflow gets it."""
 def redacted(path: Path, tmp: Path) -> Path:
