@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 from scipy import stats
@@ -35,33 +36,57 @@ def geometric_mean_ci(values: Sequence[float], promote: PromoteSpec, *key: objec
     return Estimate(math.exp(theta), math.exp(lo), math.exp(hi), promote.confidence)
 
 
-def _exclusion(m: Measurement) -> str | None:
+def score(m: Measurement, promote: PromoteSpec | None = None) -> float:
+    """What a window scores for its class's objective, higher is better: output tokens per
+    second (throughput), or the inverse of `promote.latency_statistic` (latency: a candidate's
+    score over the baseline's is then the baseline's latency over its own). nan where the
+    window has no such figure. `promote` None: throughput."""
+    if promote is None or promote.objective_for(m.traffic_class) == "throughput":
+        return m.output_throughput
+    ms = m.latency_ms.get(promote.latency_statistic)
+    return 1000.0 / ms if ms is not None and math.isfinite(ms) and ms > 0 else math.nan
+
+
+def objective_label(promote: PromoteSpec, traffic_class: str) -> str:
+    """The objective a class is decided for, in words: `throughput`, or `latency (mean_tpot_ms)`
+    with the statistic estimated."""
+    objective = promote.objective_for(traffic_class)
+    return objective if objective == "throughput" else \
+        f"{objective} ({promote.latency_statistic})"
+
+
+def _exclusion(m: Measurement, promote: PromoteSpec | None = None) -> str | None:
     """Why a window is unusable, or None."""
     if not m.ok:
         return m.failure or "failed"
     if m.failed:
         return "failed_requests"
-    if not (math.isfinite(m.output_throughput) and m.output_throughput > 0):
-        return "no_throughput"
+    if m.overload:
+        return "overload"
+    value = score(m, promote)
+    if not (math.isfinite(value) and value > 0):
+        return "no_throughput" if promote is None or \
+            promote.objective_for(m.traffic_class) == "throughput" else "no_latency"
     return None
 
 
-def usable_starts(measurements: Iterable[Measurement]
+def usable_starts(measurements: Iterable[Measurement], promote: PromoteSpec | None = None
                   ) -> dict[tuple[str, int], list[StartWindows]]:
     """The usable windows (see `_exclusion`) as engine-start blocks per (workload, concurrency),
     without the windows outside load slowed (`screened_starts`): what every speedup, noise
-    estimate and drift check reads."""
-    return screened_starts(measurements)[0]
+    estimate and drift check reads, each window as its class's objective scores it (`score`;
+    `promote` None: throughput)."""
+    return screened_starts(measurements, promote)[0]
 
 
-def screened_starts(measurements: Iterable[Measurement]
+def screened_starts(measurements: Iterable[Measurement], promote: PromoteSpec | None = None
                     ) -> tuple[dict[tuple[str, int], list[StartWindows]], list[SlowedWindow]]:
     """`usable_starts`, and the windows it left out as slowed by outside load, per point."""
-    ms = [m for m in measurements if _exclusion(m) is None]
+    ms = [m for m in measurements if _exclusion(m, promote) is None]
     names = {m.key.engine_hash: m.engine for m in ms}
     blocks = starts_by_point(
         (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start, m.key.repeat, m.seq,
-         m.stage, m.output_throughput) for m in ms)
+         m.stage, score(m, promote)) for m in ms)
     ids = {m.key.id for m in ms}
     kept, found = screen_slowed(blocks)
     slowed = []
@@ -74,12 +99,12 @@ def screened_starts(measurements: Iterable[Measurement]
     return kept, slowed
 
 
-def to_measure_again(measurements: Iterable[Measurement], engine_hash: str, start: int
-                     ) -> list[tuple[str, int, int]]:
+def to_measure_again(measurements: Iterable[Measurement], engine_hash: str, start: int,
+                     promote: PromoteSpec | None = None) -> list[tuple[str, int, int]]:
     """(workload, concurrency, repeat) of each window of one engine start that outside load
     slowed (`screened_starts` over the sweep's records) and that was not measured again yet: the
     start measures each once more before its engine stops (repeat + `AGAIN`), never twice."""
-    _, slowed = screened_starts(measurements)
+    _, slowed = screened_starts(measurements, promote)
     return [(s.workload, s.concurrency, s.repeat) for s in slowed
             if s.engine_hash == engine_hash and s.start == start and s.again is None
             and s.repeat < AGAIN]
@@ -94,9 +119,11 @@ def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: s
     out = []
     for (engine_hash, workload, concurrency), ms in sorted(groups.items()):
         ms.sort(key=lambda m: m.key.repeat)
-        usable = [m for m in ms if _exclusion(m) is None]
-        failures = Counter(r for m in ms if (r := _exclusion(m)) is not None)
-        values = tuple(m.output_throughput for m in usable)
+        if any(m.overload for m in ms):  # the server does not keep up at this rate
+            ms = [replace(m, overload=True) for m in ms]
+        usable = [m for m in ms if _exclusion(m, promote) is None]
+        failures = Counter(r for m in ms if (r := _exclusion(m, promote)) is not None)
+        values = tuple(score(m, promote) for m in usable)
         arr = np.asarray(values, dtype=float)
         median = float(np.median(arr)) if values else None
         mad = float(stats.median_abs_deviation(arr, scale=1.0)) if values else None

@@ -48,7 +48,12 @@ from typing import Literal
 
 import numpy as np
 
-from specflow.decision.aggregate import aggregate, median_curve, screened_starts
+from specflow.decision.aggregate import (
+    aggregate,
+    median_curve,
+    objective_label,
+    screened_starts,
+)
 from specflow.decision.bands import bands_for
 from specflow.decision.deployment import class_deployment, pick, tie_key
 from specflow.decision.gates import (
@@ -347,7 +352,7 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
     opening, closing_ms = _placed(list(measurements), list(closing_baseline))
     points = aggregate(opening, promote, "open")
     closing = aggregate(closing_ms, promote, "close")
-    blocks, slowed = screened_starts((*opening, *closing_ms))
+    blocks, slowed = screened_starts((*opening, *closing_ms), promote)
     refused = frozenset(refused_by_headroom)
     problems = [f"closing_baseline holds {p.label}, which is not the baseline"
                 for p in closing if not p.is_baseline]
@@ -358,10 +363,15 @@ def analyze(measurements: Iterable[Measurement], promote: PromoteSpec, *,
         if problem is not None:
             problems.append(problem)
             continue
-        cand = _candidates(pts)
+        base_pts, cand, overload_notes, problem = _without_overload(
+            traffic_class, base_pts, _candidates(pts))
+        if problem is not None:
+            problems.append(problem)
+            continue
         problems += _coverage_problems(base_pts, cand, refused, promote,
                                        race is not None or partial)
         bands, band_problems, band_notes = bands_for(promote, [p.concurrency for p in base_pts])
+        band_notes = [*overload_notes, *band_notes]
         problems += band_problems
         if problems:
             continue  # keep checking the other classes, but decide nothing
@@ -390,6 +400,34 @@ def _class_baseline(traffic_class: str, pts: Sequence[PointStats]
         return [], (f"traffic class {traffic_class}: {len(base_hashes)} baseline engines "
                     f"({', '.join(base_hashes)}); expected one")
     return base_pts, None
+
+
+def _without_overload(traffic_class: str, base_pts: Sequence[PointStats],
+                      cand: Mapping[str, list[PointStats]]
+                      ) -> tuple[list[PointStats], dict[str, list[PointStats]], list[str],
+                                 str | None]:
+    """The class's points without those the baseline could not keep up with (overload: its
+    latency there is how long the queue grew, not a score), with a note for each; a candidate
+    overloaded where the baseline was not keeps its point, and fails it. A problem where every
+    point overloads the baseline."""
+    over = {(p.workload, p.concurrency) for p in base_pts
+            if not p.n_ok and "overload" in p.failures}
+    if not over:
+        return list(base_pts), dict(cand), [], None
+    kept = [p for p in base_pts if (p.workload, p.concurrency) not in over]
+    where = ", ".join(f"{w} c={c}" for w, c in sorted(over))
+    if not kept:
+        return [], {}, [], (f"traffic class {traffic_class}: the baseline does not keep up at "
+                            f"any point ({where}: overload, the queue grew through every "
+                            "window); offer lower request rates (arrival.request_rate)")
+    keeps_up = sorted({p.engine for ps in cand.values() for p in ps
+                       if (p.workload, p.concurrency) in over and p.n_ok})
+    note = (f"overload: the baseline does not keep up at {where} (the queue grew through its "
+            "windows); not scored there")
+    if keeps_up:
+        note += f"; {', '.join(keeps_up)} kept up there (more capacity, not a measured latency)"
+    return kept, {h: [p for p in ps if (p.workload, p.concurrency) not in over]
+                  for h, ps in cand.items()}, [note], None
 
 
 def _candidates(pts: Sequence[PointStats]) -> dict[str, list[PointStats]]:
@@ -456,7 +494,8 @@ def _decide_class(staged: _ClassVerdicts,
                                              staged.bands[-1].hi if explicit else None,
                                              promote.tie_tolerance)
     return ClassResult(inputs.traffic_class, staged.bands, tuple(decisions), deployment,
-                       inputs.drift, tuple([*staged.notes, *dep_notes]))
+                       inputs.drift, tuple([*staged.notes, *dep_notes]),
+                       objective_label(promote, inputs.traffic_class))
 
 
 def _placed(opening: list[Measurement], closing: list[Measurement]

@@ -371,6 +371,8 @@ class ClassResult:
     deployment: Deployment
     drift: tuple[Drift, ...]
     notes: tuple[str, ...] = ()
+    objective: str = "throughput"
+    """What the class was decided for (`objective_label`): its speedups are gains in it."""
 
 
 @dataclass(frozen=True)

@@ -120,8 +120,9 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
             s = v.worst.speedup if v.worst is not None else None
             q = v.quality
             rows.append({
-                "traffic_class": d.traffic_class, "band": d.band.label, "engine": v.engine,
-                "engine_hash": v.engine_hash, "method": v.method, "N": v.num_speculative_tokens,
+                "traffic_class": d.traffic_class, "band": d.band.label,
+                "objective": result.objective, "engine": v.engine, "engine_hash": v.engine_hash,
+                "method": v.method, "N": v.num_speculative_tokens,
                 "verdict": v.verdict,
                 "speedup": s.value if s else None, "lo": s.lo if s else None,
                 "hi": s.hi if s else None,
@@ -132,7 +133,8 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
                 else "; ".join(str(r) for r in v.rejected) or v.note,
             })
         rows.append({
-            "traffic_class": d.traffic_class, "band": d.band.label, "engine": "off (baseline)",
+            "traffic_class": d.traffic_class, "band": d.band.label,
+            "objective": result.objective, "engine": "off (baseline)",
             "engine_hash": result.deployment.baseline_hash, "method": BASELINE_METHOD, "N": 0,
             "verdict": {"off": "wins", "unresolved": "open"}.get(d.outcome, "ruled out"),
             "speedup": 1.0, "lo": 1.0, "hi": 1.0, "worst_point": None, "quality": None,

@@ -63,6 +63,7 @@ from specflow.records.measurement import (
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import EndpointBackend, LocalBackend, WorkloadSpec
 from specflow.spec.serialize import as_json
+from specflow.stats.queueing import backlog
 
 RESULT_FILE = "result.json"
 PERCENTILE_METRICS = ",".join(LATENCY_METRICS)
@@ -104,6 +105,11 @@ class Window:
     per_request_lengths: bool = False
     """Each request asks for its own output length (the dataset's `output_tokens`: a trace's
     recorded lengths, a service's classes)."""
+    request_rate: float | None = None
+    """Open loop: requests offered per second (gamma gaps of shape `burstiness`), with
+    `concurrency` as the cap on those in flight; None: closed loop, `concurrency` kept full."""
+    burstiness: float = 1.0
+    """Shape of the open-loop arrival gaps (1: Poisson)."""
 
     def key(self, ec: EngineConfig) -> WindowKey:
         return WindowKey(ec.hash, self.workload, self.concurrency, self.repeat, self.start)
@@ -119,7 +125,9 @@ def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, P
                    num_prompts=w.num_prompts, max_tokens=w.max_tokens, concurrency=c, repeat=r,
                    seed=w.seed, temperature=w.temperature, warmup_requests=warmup_requests,
                    ignore_eos=w.ignore_eos, stop=tuple(w.stop),
-                   per_request_lengths=w.source.kind in ("trace", "mix"))
+                   per_request_lengths=w.source.kind in ("trace", "mix"),
+                   request_rate=w.arrival.request_rate[0] if w.arrival else None,
+                   burstiness=(w.arrival.burstiness or 1.0) if w.arrival else 1.0)
             for r in range(repeats) for name, w in workloads.items() for c in concurrency]
 
 
@@ -165,6 +173,9 @@ def bench_argv(server: Server, w: Window, window_dir: Path, *, warmup: bool = Fa
     if warmup:
         # bench's own warm-up (the first prompt, at the window's concurrency) plus one request.
         return argv + ["--num-prompts", "1", "--num-warmups", str(w.warmup_requests - 1)]
+    if w.request_rate is not None:  # open loop; bench's arrivals are seeded by --seed
+        argv += ["--request-rate", repr(float(w.request_rate)),
+                 "--burstiness", repr(float(w.burstiness))]
     return argv + ["--num-prompts", str(w.num_prompts), "--num-warmups", "0",
                    "--percentile-metrics", PERCENTILE_METRICS,
                    "--metric-percentiles", METRIC_PERCENTILES,
@@ -509,7 +520,23 @@ def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],
         accepted_tokens=spec.accepted_tokens if spec else None,
         output_digests=output_digests(result), prompt_hash=phash,
         total_output_tokens=int(result.get("total_output_tokens", 0)),
-        artifacts={k: str(v) for k, v in artifacts.items()}, requests=requests)
+        artifacts={k: str(v) for k, v in artifacts.items()}, requests=requests,
+        **_arrival(w, result))
+
+
+def _arrival(w: Window, result: Mapping[str, Any]) -> dict[str, Any]:
+    """An open-loop window's offered rate, and whether its backlog kept growing (overload),
+    from each request's send time, client-side wait and latency in bench's detailed result."""
+    if w.request_rate is None:
+        return {}
+    sent, waited, lat = (result.get(k) or [] for k in ("start_times", "queue_times",
+                                                         "latencies"))
+    if not (len(sent) == len(waited) == len(lat)) or not sent:
+        return {"request_rate": w.request_rate}
+    q = backlog([s - d for s, d in zip(sent, waited, strict=True)],
+                [s + x for s, x in zip(sent, lat, strict=True)], w.request_rate)
+    return {"request_rate": w.request_rate, "backlog_growth": q.growth,
+            "overload": q.overload}
 
 
 # --------------------------------------------------------------------------------------------

@@ -157,6 +157,14 @@ class Measurement:
     arguments (`specflow.engine.runner.sampling_of`): temperature, seed, max tokens, ignore-EOS,
     the chat template, the prompts' order and stop strings. None: not sent, so vLLM's default
     applied. Empty in ledgers written before it was recorded."""
+    request_rate: float | None = None
+    """Open loop: the requests offered per second (None: closed loop at `key.concurrency`)."""
+    backlog_growth: float | None = None
+    """Open loop: how fast the requests in the system grew over the window, as a fraction of
+    the offered rate (`specflow.stats.queueing`)."""
+    overload: bool = False
+    """Open loop: the backlog kept growing (the server did not keep up with the offered rate);
+    reported, never scored."""
 
     @property
     def ok(self) -> bool:

@@ -26,7 +26,18 @@ def window_line(m: Measurement) -> str:
     again = (f" (measured again: r{m.key.repeat - AGAIN} was slowed by outside load)"
              if m.key.repeat >= AGAIN else "")
     return (f"{m.engine} {m.key.workload} c{m.key.concurrency}{start} r{m.key.repeat}: {state}, "
-            f"{m.output_throughput:.1f} tok/s{acc}{again}")
+            f"{m.output_throughput:.1f} tok/s{_open_loop(m)}{acc}{again}")
+
+
+def _open_loop(m: Measurement) -> str:
+    """An open-loop window's latency, or its overload (never scored)."""
+    if m.request_rate is None or not m.ok:
+        return ""
+    if m.overload:
+        return (f", OVERLOAD at {m.request_rate:g} req/s (the queue grew by "
+                f"{m.backlog_growth or 0:.0%} of the offered rate)")
+    e2el = m.latency_ms.get("mean_e2el_ms")
+    return f", mean e2el {e2el:.0f} ms" if e2el is not None else ""
 
 
 def _clock(seconds: float) -> str:
@@ -83,7 +94,8 @@ class SweepProgress:
             start = f"b{m.key.start} " if m.key.start else ""
             self._bar.update(self._task, advance=1, last=(
                 f"{escape(m.engine)} {escape(m.key.workload)} c{m.key.concurrency} {start}"
-                f"r{m.key.repeat}: {state} {m.output_throughput:.1f} tok/s{extra}"))
+                f"r{m.key.repeat}: {state} {m.output_throughput:.1f} tok/s"
+                f"{escape(_open_loop(m))}{extra}"))
             return
         start = (m.seq, m.key.engine_hash)
         if start != self._start:
@@ -131,8 +143,10 @@ def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
         best = others[0] if others else None
         outcome = ("unresolved" if win["verdict"] != "wins"
                    else "off" if win["method"] == BASELINE_METHOD else "promote")
+        objective = win.get("objective", "throughput")
         out.append({
-            "class": cls, "band": band, "outcome": outcome,
+            "class": cls if objective == "throughput" else f"{cls} [{objective}]",
+            "band": band, "outcome": outcome,
             "deploy": win["engine"] if win["verdict"] == "wins" else "the champion (kept)",
             "N": str(win["N"]),
             "speedup [CI]": f"{win['speedup']:.3f} [{win['lo']:.3f}, {win['hi']:.3f}]",
@@ -145,6 +159,17 @@ def decision_lines(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
 def _levels(band: str) -> str:
     """A band's label ("c4", "c1-4") in words."""
     return f"concurrency {band[1:]}" if band.startswith("c") else band
+
+
+def _gain(row: Mapping[str, Any]) -> str:
+    """A winner's gain in its class's objective, in words."""
+    objective = row.get("objective", "throughput")
+    if objective == "throughput":
+        return (f"{row['speedup']:.2f}x the throughput without it (interval "
+                f"[{row['lo']:.2f}, {row['hi']:.2f}])")
+    stat = objective.partition("(")[2].rstrip(")")
+    return (f"{stat} {1 / row['speedup']:.2f}x of its value without it (interval "
+            f"[{1 / row['hi']:.2f}, {1 / row['lo']:.2f}]) at the offered rates")
 
 
 def deploy_lines(rows: Sequence[Mapping[str, Any]],
@@ -171,8 +196,7 @@ def deploy_lines(rows: Sequence[Mapping[str, Any]],
             continue
         parts = [f"no speculative decoding at {_levels(w['band'])}"
                  if w["method"] == BASELINE_METHOD else
-                 f"{w['method']} with N={w['N']} at {_levels(w['band'])}: {w['speedup']:.2f}x "
-                 f"the throughput without it (interval [{w['lo']:.2f}, {w['hi']:.2f}])"
+                 f"{w['method']} with N={w['N']} at {_levels(w['band'])}: {_gain(w)}"
                  for w in wins]
         out.append(f"{cls}: " + "; ".join(parts))
     return out

@@ -275,7 +275,11 @@ def plot_all(analysis: Analysis, out_dir: str | Path,
     out = Path(out_dir)
     margin = float(analysis.settings["margin"])
     paths = []
-    for workload in sorted({p.workload for p in analysis.points}):
+    settings = analysis.settings
+    for workload in sorted({p.workload for p in analysis.points if p.throughput is not None
+                            and settings.get("objectives", {}).get(
+                                p.traffic_class, settings.get("objective", "throughput"))
+                            == "throughput"}):  # a latency class's scores are not tok/s
         paths.append(plot_throughput_vs_n(analysis, workload,
                                           out / f"throughput_vs_n-{_slug(workload)}.png"))
         acc = plot_acceptance(analysis, workload, out / f"acceptance-{_slug(workload)}.png")
@@ -391,6 +395,11 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
                    requests: Sequence[LevelRequests] = ()) -> list[str]:
     dep = r.deployment
     lines = [f"## Traffic class `{r.traffic_class}`", ""]
+    if r.objective != "throughput":
+        lines += [f"Decided for {r.objective}: each speedup is the baseline's "
+                  f"{r.objective.partition('(')[2].rstrip(')')} over the candidate's, at the "
+                  "offered request rates (open loop); overloaded windows are reported, never "
+                  "scored.", ""]
     undecided = [d.band.label for d in r.decisions if d.outcome == "unresolved"]
     if undecided:
         lines.append(f"**Unresolved: the champion is kept** (band"
@@ -530,7 +539,8 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
                   f"engine (`{check.engine_hash}`) at c={list(check.levels)}: "
                   f"**{'holds' if check.passed else 'not promoted'}** — {check.why}", ""]
     if analysis.excluded:
-        lines += [f"Windows excluded as failed: {analysis.excluded} (counted per point below).",
+        lines += [f"Windows excluded as failed or overloaded: {analysis.excluded} (counted per "
+                  "point below).",
                   ""]
     if analysis.slowed:
         lines += [f"Windows slowed by outside load, left out of the speedups: "

@@ -46,8 +46,10 @@ def window_metrics(m: Measurement) -> dict[str, float]:
         "total_output_tokens": float(m.total_output_tokens),
     }
     out.update({k: float(v) for k, v in m.latency_ms.items()})
+    if m.request_rate is not None:  # open loop: the offered rate, and whether it overloaded
+        out["overload"] = float(m.overload)
     for name in ("acceptance_rate", "mean_acceptance_length", "num_drafts", "draft_tokens",
-                 "accepted_tokens"):
+                 "accepted_tokens", "request_rate", "backlog_growth"):
         value = getattr(m, name)
         if value is not None:
             out[name] = float(value)

@@ -206,11 +206,12 @@ def final_rules(promote: PromoteSpec) -> PromoteSpec:
     return promote.model_copy(update={"futility": promote.futility / 2})
 
 
-def windows_per_start(shape: Shape, data: Sequence[Measurement]) -> int:
+def windows_per_start(shape: Shape, data: Sequence[Measurement],
+                      promote: PromoteSpec | None = None) -> int:
     """Windows per engine start for the next round: the cost-optimal number for the noise
     measured so far (median over points), between `repeats` and `budget.max_repeats`."""
     cap = shape.budget.max_repeats or 4 * shape.repeats
-    per_point = usable_starts(data)
+    per_point = usable_starts(data, promote)
     start_s, window_s = observed_costs(data, shape)
     best = [start_noise(bs, shape.baseline).windows_per_start(start_s, window_s)
             for bs in per_point.values()]

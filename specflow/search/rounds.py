@@ -245,7 +245,7 @@ def next_round(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tuple
     """Exploration while any band explores (contenders only, at their bands' points; with
     `new_only`, only those not measured yet); then one confirmation look for every selected
     winner, against the look's own baseline starts (`confirm_plan`)."""
-    repeats = windows_per_start(shape, data)
+    repeats = windows_per_start(shape, data, promote)
     exploring = {k: st for k, st in states.items() if st.status == "exploring"}
     if exploring:
         per: dict[str, set[tuple[str, int]]] = defaultdict(set)
@@ -362,7 +362,7 @@ def _confirm_size(shape: Shape, promote: PromoteSpec, bands: Mapping[BandKey, tu
     budget = shape.budget
     alpha = confirm_alpha(promote, budget) / max(1, len(confirming))
     z_alpha, z_power = z_upper(alpha), z_upper(0.1)
-    per_point = usable_starts(data)
+    per_point = usable_starts(data, promote)
     cap = budget.max_confirm_starts
     if cap is None:
         cap = 10_000 if budget.bounded else 24  # the budget shrinks it (`_affordable`)

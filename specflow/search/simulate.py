@@ -17,6 +17,12 @@ tests that pin the decision's properties. The noise model, per window, on output
   chance of being hit. Without outside load this is skipped (for the benches' time: the screen
   then flags only the noise's own tail, well under 1% of windows, which stay left out);
 - costs: `start_s` per engine start and `window_s` per window (engine-seconds).
+
+Open-loop latency windows (`latency_requests` > 0, a class decided on latency): a window's
+`mean_e2el_ms` is the mean of that many requests' latencies, each lognormal (right-skewed, as a
+vLLM server's per-request latencies are) with the spread that gives the mean the CV `cv`,
+scaled by 1 / (gain x drift x start effect): a candidate `gain` times faster takes 1 / gain of
+the time. Every window completes what it was offered, so its throughput is the same for all.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class NoiseModel:
     """Share of windows slowed by outside load."""
     slowdown: tuple[float, float] = (0.5, 0.8)
     """The factor a hit window's throughput is multiplied by, drawn uniformly from this range."""
+    latency_requests: int = 0
+    """0: throughput windows; n: open-loop windows whose score is a mean latency over n
+    requests (see the module's docstring)."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +95,13 @@ class Scenario:
                                     self.gains.get(engine_hash, 1.0))
 
 
+BASE_LATENCY_MS = 2000.0
+"""The baseline's mean end-to-end latency in simulated open-loop windows."""
+
+
 def window(scn: Scenario, start: EngineStart, key_index: int, value: float, duration_s: float,
-           engine_s: float, rates: tuple[float, ...] = (), key: WindowKey | None = None
-           ) -> Measurement:
+           engine_s: float, rates: tuple[float, ...] = (), key: WindowKey | None = None,
+           latency_ms: float | None = None) -> Measurement:
     """One simulated window (the start's `key_index`-th, or `key`): identical outputs
     everywhere (the quality gate passes)."""
     e = scn.engines.get(start.engine_hash) or Engine(start.engine_hash, "schedule",
@@ -100,7 +113,17 @@ def window(scn: Scenario, start: EngineStart, key_index: int, value: float, dura
         duration_s=duration_s, completed=8, output_digests=("same",) * 8,
         prompt_hash="p", seq=start.seq, stage=start.stage, round=start.round,
         engine_s=engine_s, per_position_acceptance=rates,
-        num_drafts=1000 if rates else None)
+        num_drafts=1000 if rates else None,
+        latency_ms={"mean_e2el_ms": latency_ms} if latency_ms is not None else {},
+        request_rate=1.0 if latency_ms is not None else None)
+
+
+def _latency(noise: NoiseModel, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Each window's mean latency factor over `latency_requests` lognormal requests (mean 1)."""
+    n = noise.latency_requests
+    cv = noise.cv * math.sqrt(n)  # one request's CV, for the mean's to be `cv`
+    s = math.sqrt(math.log(1 + cv**2))
+    return np.exp(rng.normal(-s * s / 2, s, (size, n))).mean(axis=1)
 
 
 def _draw(noise: NoiseModel, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -130,6 +153,14 @@ def run_round(scn: Scenario, noise: NoiseModel, current: Round, rng: np.random.G
                          for w, c, r in todo]
             gain = np.array([scn.gain(start.engine_hash, k.concurrency, k.workload)
                              for k in batch])
+            if noise.latency_requests:
+                latency = BASE_LATENCY_MS / (gain * effect * drift) * _latency(
+                    noise, rng, len(batch))
+                for i, (k, ms) in enumerate(zip(batch, latency, strict=True)):
+                    clock += noise.window_s
+                    out.append(window(scn, start, i, scn.base_tput, noise.window_s, clock, (),
+                                      k, float(ms)))
+                continue
             values = scn.base_tput * gain * effect * drift * _draw(noise, rng, len(batch))
             if noise.hit:  # drawn only then: the other noise models keep their streams
                 hit = rng.random(len(batch)) < noise.hit

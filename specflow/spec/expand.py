@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
 from specflow.spec.schema import MixSource, ServiceSpec, Spec, TraceSource, WorkloadSpec
-from specflow.spec.traces import file_sha256, read_trace
+from specflow.spec.traces import Trace, file_sha256, read_trace
 
 SHARE_DIGITS = 6
 """Shares are rounded to this many digits (so that the plan's hash is stable)."""
@@ -23,6 +25,7 @@ def expand(spec: Spec) -> Spec:
     workloads: dict[str, WorkloadSpec] = {}
     trace_share: dict[str, tuple[str, float]] = {}
     split_from: dict[str, list[str]] = {}
+    split_of: dict[str, str] = {}  # a split class's workload: the trace workload's name
     failed: set[str] = set()
     for name, w in spec.workload.items():
         if isinstance(w.source, MixSource):
@@ -40,6 +43,7 @@ def expand(spec: Spec) -> Spec:
         workloads.update(split)
         trace_share.update(shares)
         split_from[name] = list(split)
+        split_of.update(dict.fromkeys(split, name))
         if found and not split:
             failed.add(name)
     classes = {w.traffic_class or n for n, w in workloads.items()}
@@ -59,11 +63,92 @@ def expand(spec: Spec) -> Spec:
             workloads[sname] = _service(sname, svc, workloads, trace_share)
         except SpecError as err:
             problems += err.problems
+    problems += _mixed_arrivals(spec, workloads)
+    if problems:
+        raise SpecError(problems)
+    workloads, problems = by_rate(workloads, split_of)
     if problems:
         raise SpecError(problems)
     if workloads == spec.workload:
         return spec
     return spec.model_copy(update={"workload": workloads})
+
+
+def rate_name(workload: str, rate: float) -> str:
+    """The name of an open-loop workload's point at one offered rate: `code@2rps`."""
+    return f"{workload}@{rate:g}rps"
+
+
+def by_rate(workloads: Mapping[str, WorkloadSpec], split_of: Mapping[str, str] | None = None
+            ) -> tuple[dict[str, WorkloadSpec], list[Problem]]:
+    """Each open-loop workload as one workload per offered rate (`rate_name`, or
+    `<name>@<speed>x` for multiples of a trace's own rate), in its place, with its rate and
+    burstiness stated; closed-loop workloads as they are. `split_of`: a split trace's class
+    workloads, by the name of the workload they came from (for problems' paths)."""
+    out: dict[str, WorkloadSpec] = {}
+    problems: list[Problem] = []
+    read: dict[str, Trace] = {}  # each trace file read once
+    for name, w in workloads.items():
+        a = w.arrival
+        if a is None or (len(a.request_rate) == 1 and a.burstiness is not None and "@" in name):
+            out[name] = w
+            continue
+        points = [(rate_name(name, r), r, a.burstiness or 1.0)
+                  for r in dict.fromkeys(a.request_rate)]
+        if a.trace_speed:
+            where = f"workload.{(split_of or {}).get(name, name)}.arrival.trace_speed"
+            fitted = _trace_arrival(where, w, read)
+            if isinstance(fitted, Problem):
+                problems.append(fitted)
+                continue
+            rate, shape = fitted
+            points = [(f"{name}@{s:g}x", round(rate * s, SHARE_DIGITS), a.burstiness or shape)
+                      for s in dict.fromkeys(a.trace_speed)]
+        for point, r, b in points:
+            out[point] = w.model_copy(update={"arrival": a.model_copy(update={
+                "request_rate": [r], "trace_speed": [], "burstiness": b})})
+    return out, problems
+
+
+def _trace_arrival(where: str, w: WorkloadSpec, read: dict[str, Trace]
+                   ) -> tuple[float, float] | Problem:
+    """A trace workload's own arrival: its requests' rate over the span of their timestamps
+    and the gamma shape of their gaps (1 / CV^2, Poisson's is 1), or why there is none."""
+    src = w.source
+    if not isinstance(src, TraceSource):
+        return Problem(where, "multiples of a trace's own rate need a trace source",
+                       Raw(src.kind), "request_rate: [req/s, ...]")
+    every = src.model_copy(update={"classes": None})
+    trace = read.get(src.path) or read.setdefault(src.path, read_trace(src.path, every))
+    times = sorted(r.timestamp for r in trace.requests if r.timestamp is not None
+                   and (src.classes is None or r.traffic_class in src.classes))
+    gaps = np.diff(times)
+    if len(times) < 3 or not gaps.sum() > 0:
+        of = f" of class {w.traffic_class}" if w.traffic_class else ""
+        return Problem(where, f"the trace's requests{of} carry fewer than 3 distinct "
+                       "timestamps", Raw(f"{len(times)} in {src.path}"),
+                       "request_rate: [req/s, ...]")
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    cv = float(gaps.std() / gaps.mean())
+    shape = float(np.clip(1 / cv**2, 0.01, 1000)) if cv > 0 else 1000.0
+    return rate, round(shape, 3)
+
+
+def _mixed_arrivals(spec: Spec, workloads: Mapping[str, WorkloadSpec]) -> list[Problem]:
+    """A mix (a service, or a mix written in conf) sends its parts' requests in one closed-loop
+    stream: an open-loop part cannot keep its arrival there."""
+    problems = []
+    for name, w in workloads.items():
+        if not isinstance(w.source, MixSource):
+            continue
+        where = f"service.{name}.classes" if name in spec.service else \
+            f"workload.{name}.source.parts"
+        problems += [Problem(where, "an open-loop workload (arrival set) cannot be part of a "
+                             "mix, whose windows are closed loop", p,
+                             "workloads without arrival")
+                     for p in w.source.parts if p in workloads and
+                     workloads[p].arrival is not None]
+    return problems
 
 
 def _pinned(w: WorkloadSpec, src: TraceSource) -> WorkloadSpec:

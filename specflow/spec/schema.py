@@ -442,6 +442,35 @@ WorkloadSource = Annotated[
 ]
 
 
+class ArrivalSpec(_Model):
+    """Open-loop arrival: requests are offered at a rate whatever the server does (an
+    interactive service), as `vllm bench serve --request-rate --burstiness` sends them; each
+    rate is a point of its own (the workload is measured once per rate, named `<name>@<rate>rps`),
+    at each of the sweep's concurrency levels as the cap on requests in flight."""
+
+    request_rate: list[Annotated[float, Field(gt=0, le=1_000_000)]] = Field(
+        default_factory=list)
+    """Offered request rates (requests per second), one point each."""
+    trace_speed: list[Annotated[float, Field(gt=0, le=10_000)]] = Field(default_factory=list)
+    """A trace's workload, instead of `request_rate`: multiples of the trace's own arrival rate
+    (its class's requests over the span of their timestamps), one point each (named
+    `<name>@<speed>x`); the gaps' burstiness is the trace's too (the gamma shape of its gaps,
+    1 / CV^2) unless `burstiness` is stated. The trace's rate and burstiness, not its exact
+    timestamps: vLLM's bench replays timestamps only for pre-tokenised prompts."""
+    burstiness: float | None = Field(default=None, gt=0, le=1000)
+    """Shape of the gamma-distributed gaps between arrivals: 1 is Poisson, below 1 burstier,
+    above 1 more regular; null: 1, or the trace's own with `trace_speed`."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ArrivalSpec:
+        if bool(self.request_rate) == bool(self.trace_speed):
+            raise ProblemError(Problem(
+                "request_rate", "an open-loop arrival states its rates one way",
+                {"request_rate": self.request_rate, "trace_speed": self.trace_speed},
+                "request_rate: [req/s, ...] or, for a trace, trace_speed: [multiple, ...]"))
+        return self
+
+
 class WorkloadSpec(_Model):
     """A task-grounded request stream of one traffic class (concurrency comes from the sweep)."""
 
@@ -475,6 +504,9 @@ class WorkloadSpec(_Model):
     """Stop strings sent with every request."""
     ignore_eos: bool = False
     """Generate max_tokens even past EOS (unrealistic; warned about)."""
+    arrival: ArrivalSpec | None = None
+    """Open-loop arrival at stated rates (a class decided on latency); null: closed loop, each
+    of the sweep's concurrency levels kept full (a class decided on throughput)."""
 
     @model_validator(mode="after")
     def _needs_hub_only_for_hf(self) -> WorkloadSpec:
@@ -618,8 +650,33 @@ class QualitySpec(_Model):
     (opening and closing) and test the candidate against it; false takes it as 0, exactly."""
 
 
+Objective = Literal["throughput", "latency"]
+"""What a traffic class is decided for (see PromoteSpec.objective)."""
+LatencyStatistic = Literal["mean_tpot_ms", "median_tpot_ms", "mean_e2el_ms", "median_e2el_ms",
+                           "mean_ttft_ms", "median_ttft_ms", "mean_itl_ms", "median_itl_ms"]
+"""The latency statistics a latency objective may estimate: a window's mean or median (a p99
+of one window is too noisy to estimate; it stays a gate, `promote.slo`)."""
+
+
 class PromoteSpec(_Model):
     """Decision rules for promoting a winner per traffic class and concurrency band."""
+
+    objective: Objective = "throughput"
+    """What every class is decided for unless `objectives` names it: `throughput` (output
+    tokens per second with each concurrency level kept full: a batch pool) or `latency`
+    (`latency_statistic` at the offered request rates of open-loop workloads, lower is better:
+    an interactive service; the class's workloads need `arrival`)."""
+    objectives: dict[Annotated[str, Field(pattern=CLASS_NAME)], Objective] = Field(
+        default_factory=dict)
+    """The objective of a traffic class (or service) by name, where it differs from
+    `objective`."""
+    latency_statistic: LatencyStatistic = "mean_tpot_ms"
+    """The statistic a latency objective estimates, per window as vLLM's bench reports it; the
+    estimate is its ratio, baseline over candidate (a gain: 1.25 is 20% lower latency)."""
+
+    def objective_for(self, traffic_class: str) -> Objective:
+        """The objective `traffic_class` is decided for."""
+        return self.objectives.get(traffic_class, self.objective)
 
     margin: float = Field(default=0.05, ge=0.0, le=10.0)
     """The lower confidence bound of speedup must exceed 1 + margin."""

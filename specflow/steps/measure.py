@@ -128,7 +128,8 @@ def slowed_again(ctx: Context, ec: EngineConfig, windows: Sequence[Window], star
     def pick(measured: Sequence[Measurement]) -> list[Window]:
         if not any(m.ok for m in measured):
             return []
-        again = to_measure_again(plan_measurements(ctx), ec.hash, start.start)
+        again = to_measure_again(plan_measurements(ctx), ec.hash, start.start,
+                                 ctx.spec.promote)
         return [replace(planned[p], repeat=p[2] + AGAIN) for p in again if p in planned]
 
     return pick

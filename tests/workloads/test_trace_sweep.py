@@ -1,7 +1,9 @@
 """A sweep on a request log, on the real vLLM engine (real Prefect, real MLflow): the demo trace
 (tests/specflow.demo.traces: multi-turn agent conversations with tool calls and results, and
 one-word router answers, two free-form classes, recorded output lengths) replayed per class and
-as the one server that serves both, on the CPU demo's agreeing target with n-gram lookup."""
+as the one server that serves both, on the CPU demo's agreeing target with n-gram lookup; and
+beside them, on the same engine starts, the code class decided on latency at offered request
+rates (open loop), one of them more than the engine can take."""
 
 from __future__ import annotations
 
@@ -32,9 +34,19 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     the router's one-word answers never promote a drafter; whatever is promoted is n-gram; the
     service's speedup lies between its classes' (a mix of the two); the report and the console
     set the service beside routing; no prompt text reaches MLflow (store and artifacts), the
-    report or the champions."""
+    report or the champions, not even through the engine's log, which the windows of the code
+    class beside them (not private) would otherwise carry.
+    On the same starts, the code class is offered requests open loop at 1.5 req/s (well
+    within what the CPU engine takes at 4 in flight) and at 200 req/s (far beyond it) and
+    decided on mean end-to-end latency. Guaranteed at any machine speed: every 200 req/s window
+    is overload (the queue grew), reported in the console and the report and never scored;
+    no 1.5 req/s window is; the class is decided (latency objective) from the 1.5 req/s point
+    alone, and anything promoted there is n-gram."""
     trace = traces.write(tmp_path / "trace.jsonl", per_class=24)
-    args = ["experiment=cpu_demo", "drafter=[none,ngram]", "workload=[trace]",
+    args = ["experiment=cpu_demo", "drafter=[none,ngram]", "workload=[trace,code_completion]",
+            "workload.code_completion.num_prompts=12",
+            "workload.code_completion.arrival={request_rate: [1.5, 200]}",
+            "+promote.objectives.code=latency", "promote.latency_statistic=mean_e2el_ms",
             f"workload.trace.source.path={trace}", "workload.trace.num_prompts=16",
             "workload.trace.max_tokens=192", "workload.trace.input_len=400", "service=[shared]",
             "service.shared.num_prompts=32", "sweep.design=grid",
@@ -55,6 +67,10 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
         r"^(router|sql-agent|shared) c4: (promote|off|unresolved)\b", out, re.M)}
     assert set(decided) == {"router", "sql-agent", "shared"}, out[-3000:]
     assert decided["router"] != "promote", out[-3000:]  # nothing left to draft on one word
+    code = re.search(r"^code \[latency \(mean_e2el_ms\)\] c4: (promote|off|unresolved)\b(.*)",
+                     out, re.M)
+    assert code, out[-3000:]
+    assert code[1] != "promote" or code[2].startswith(": ngram-n8 N=8 "), code[0]
     for cls in ("sql-agent", "shared"):
         if decided[cls] == "promote":
             assert re.search(rf"^{cls} c4: promote: ngram-n8 N=8 ", out, re.M), out[-3000:]
@@ -68,9 +84,26 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     assert re.search(r"^\| shared \| c4 \| ", report, re.M), report[-2000:]
     # measured output lengths: the log's, request by request
     ledger = Ledger(tmp_path / "work", sweep_dir.name)
-    ms = [m for m in ledger.measurements() if m.ok]
-    assert len(ms) == len(ledger.measurements()) == 12  # 2 starts x 3 workloads x 2, all ok
-    datasets = {p.name.rsplit("-", 1)[0]: p for p in (sweep_dir / "datasets").iterdir()}
+    every = [m for m in ledger.measurements() if m.ok]
+    assert len(every) == len(ledger.measurements()) == 20  # 2 starts x 5 workloads x 2, all ok
+    # open loop: the offered rate far beyond the engine overloads it, reported, never scored
+    opened = [m for m in every if m.key.workload.startswith("code_completion@")]
+    over = [m for m in opened if m.key.workload == "code_completion@200rps"]
+    assert len(over) == 4 and all(m.overload and m.request_rate == 200 for m in over), [
+        (m.key.id, m.backlog_growth) for m in over]
+    steady = [m for m in opened if m.key.workload == "code_completion@1.5rps"]
+    assert len(steady) == 4 and not any(m.overload for m in steady), [
+        (m.key.id, m.backlog_growth) for m in steady]
+    assert all(m.request_rate == 1.5 and m.latency_ms["mean_e2el_ms"] > 0 for m in steady)
+    assert re.search(r"\S+ code_completion@200rps c4 r0: ok, .*OVERLOAD at 200 req/s",
+                     out + proc.stderr), (out + proc.stderr)[-3000:]
+    assert "overload: the baseline does not keep up at code_completion@200rps c=4" in report
+    for engine in ("baseline", "ngram-n8"):  # no usable window there: none scored
+        assert re.search(rf"^\| {engine} \| code_completion@200rps \| 4 \| 0 \| overload x2 \|",
+                         report, re.M), report[-3000:]
+    ms = [m for m in every if m not in opened]
+    datasets = {p.name.rsplit("-", 1)[0]: p for p in (sweep_dir / "datasets").iterdir()
+                if not p.name.startswith("code_completion")}
     asked = {w: [json.loads(x)["output_tokens"] for x in p.read_text().splitlines()]
              for w, p in datasets.items()}
     for m in ms:
@@ -108,10 +141,13 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
         assert not found(p.read_bytes()), p
     # generated text neither: the window results MLflow holds carry each text's sha256
     results = [json.loads(p.read_text()) for p in files if p.name == "result.json"]
-    assert len(results) == 12 and all(
-        len(t) == 64 and set(t) <= set("0123456789abcdef")
-        for r in results for t in r["generated_texts"])
-    assert not any(p.suffix == ".log" for p in files if "mlartifacts" in p.parts)
+    private = [r for r in results if all(len(t) == 64 and set(t) <= set("0123456789abcdef")
+                                         for t in r["generated_texts"])]
+    assert len(results) == 20 and len(private) == 12  # the code class's texts are not private
+    # no engine log either, not even with the code class's (not private) windows: the engine
+    # served the trace's requests too; the code windows keep their own bench logs
+    logs = {p.name for p in files if "mlartifacts" in p.parts and p.suffix == ".log"}
+    assert logs <= {"bench.log", "warmup.log"}, logs
     assert not any(t in out + proc.stderr for t in texts)
     # vLLM's own request log, converted: every replayed prompt with its output length
     logs = [p for p in (sweep_dir / "runs" / "engines").glob("*.log") if "JSON body" in

@@ -1,0 +1,219 @@
+"""A class decided for latency at offered request rates (open loop), where the answer is known:
+the decision scores each window on the latency statistic and never on the throughput an open
+loop cannot show; a rate the server cannot keep up with is overload, found from the backlog of
+the window's requests, reported and never scored; and the configuration says what it needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specflow.config.compose import load
+from specflow.decision.choose import AnalysisError, analyze
+from specflow.demo import traces
+from specflow.records.measurement import Measurement
+from specflow.results.console import decision_lines, deploy_lines
+from specflow.spec.compile import compile_plan
+from specflow.spec.errors import SpecError
+from specflow.spec.schema import PromoteSpec
+from specflow.stats.queueing import GROWTH, backlog
+from tests.builders import Cand, engine, sweep
+
+NGRAM = engine("ngram-n8", "ngram", 8)
+LATENCY = PromoteSpec(objective="latency", latency_statistic="mean_e2el_ms")
+E2EL_MS = 2000.0
+"""The baseline's mean end-to-end latency."""
+
+
+def _open_loop(ms: list[Measurement], rate: float, *, overload: bool = False
+               ) -> list[Measurement]:
+    """The builders' windows as open-loop ones: each window's latency is its score's inverse
+    (a candidate `speedup` times faster has 1/speedup of the baseline's latency), and every
+    window completes what it was offered, so the throughput is the same for all."""
+    return [dataclasses.replace(
+        m, key=dataclasses.replace(m.key, workload=f"{m.key.workload}@{rate:g}rps"),
+        output_throughput=rate * 100.0, request_rate=rate, overload=overload,
+        backlog_growth=0.8 if overload else 0.0,
+        latency_ms={**m.latency_ms, "mean_e2el_ms": E2EL_MS * 100.0 / m.output_throughput
+                    * (30.0 if overload else 1.0)}) for m in ms]
+
+
+def _windows(gain: float, seed: int, rate: float = 2.0, overload: bool = False
+             ) -> list[Measurement]:
+    opening, _ = sweep([Cand(NGRAM, gain)], workloads=("chat",), cls="chat", repeats=5,
+                       cv=0.03, rng=np.random.default_rng(seed))
+    return _open_loop(opening, rate, overload=overload)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_latency_class_is_decided_on_its_latency_not_its_throughput(seed: int) -> None:
+    """25% lower latency, the same throughput (open loop: what arrives completes): promoted on
+    latency with a gain of ~1.25 (baseline latency over the candidate's), while the same
+    windows judged on throughput promote nothing."""
+    ms = _windows(1.25, seed)
+    a = analyze(ms, LATENCY)
+    r = a.result("chat")
+    assert r.objective == "latency (mean_e2el_ms)"
+    d = r.decisions[0]
+    assert d.outcome == "promote" and d.winner is not None
+    assert d.winner.worst is not None and 1.15 < d.winner.worst.speedup.value < 1.35
+    lines = deploy_lines([row for row in _rows(r)])
+    assert lines == [f"chat: ngram with N=8 at concurrency 1: mean_e2el_ms "
+                     f"{1 / d.winner.worst.speedup.value:.2f}x of its value without it "
+                     f"(interval [{1 / d.winner.worst.speedup.hi:.2f}, "
+                     f"{1 / d.winner.worst.speedup.lo:.2f}]) at the offered rates"]
+    assert decision_lines(_rows(r))[0]["class"] == "chat [latency (mean_e2el_ms)]"
+    flat = analyze(ms, PromoteSpec()).result("chat")
+    assert flat.objective == "throughput" and flat.decisions[0].outcome != "promote"
+
+
+def _rows(r):  # noqa: ANN001, ANN202
+    from specflow.decision.wording import decision_rows
+    return decision_rows(r)
+
+
+def test_overload_is_reported_never_scored() -> None:
+    """A second rate both sides overload (their latency 30x: the queue's length, not the
+    setting's) changes nothing in the decision: the band is decided on the rate the baseline
+    keeps up with, and a note says where it did not. A candidate that overloads where the
+    baseline keeps up fails that point."""
+    steady = _windows(1.25, 0)
+    alone = analyze(steady, LATENCY).result("chat")
+    both = analyze([*steady, *_windows(1.25, 1, rate=50.0, overload=True)], LATENCY)
+    r = both.result("chat")
+    assert r.decisions[0].outcome == alone.decisions[0].outcome == "promote"
+    assert r.decisions[0].winner.worst.speedup == alone.decisions[0].winner.worst.speedup
+    assert [s.workload for s in r.decisions[0].winner.speedups] == ["chat@2rps"]
+    assert any(n.startswith("overload: the baseline does not keep up at chat@50rps c=1")
+               for n in r.notes), r.notes
+    over = [p for p in both.points if p.workload == "chat@50rps"]
+    assert over and all(p.n_ok == 0 and p.failures == {"overload": 5} for p in over)
+    # one overloaded window makes the point overload: the server does not reliably keep up
+    one = [dataclasses.replace(m, overload=True) if m.key.repeat == 0 and m.engine == "baseline"
+           else m for m in _windows(1.25, 1, rate=50.0)]
+    r = analyze([*steady, *one], LATENCY).result("chat")
+    assert any("chat@50rps" in n for n in r.notes)
+    # the candidate cannot keep up where the baseline can: it fails that point
+    cand_over = [dataclasses.replace(m, overload=True) if m.engine == "ngram-n8" else m
+                 for m in _windows(1.25, 1, rate=8.0)]
+    r = analyze([*steady, *cand_over], LATENCY).result("chat")
+    d = r.decisions[0]
+    assert d.outcome == "off"
+    assert any(x.gate == "failed" and "every repeat failed at chat@8rps c=1 (overload x5)"
+               in x.detail for v in d.candidates for x in v.rejected), d.candidates
+
+
+def test_a_class_overloaded_everywhere_is_a_problem_that_says_what_to_do() -> None:
+    with pytest.raises(AnalysisError) as err:
+        analyze(_windows(1.25, 0, rate=50.0, overload=True), LATENCY)
+    assert any("the baseline does not keep up at any point (chat@50rps c=1: overload" in p
+               and "offer lower request rates (arrival.request_rate)" in p
+               for p in err.value.problems), err.value.problems
+
+
+def _served(arrivals: np.ndarray, servers: int, service: np.ndarray) -> np.ndarray:
+    """Finish times of requests served first come first served by `servers` slots."""
+    free = np.zeros(servers)
+    out = np.empty_like(arrivals)
+    for i, (a, s) in enumerate(zip(arrivals, service, strict=True)):
+        k = int(np.argmin(free))
+        out[i] = max(a, free[k]) + s
+        free[k] = out[i]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_backlog_tells_a_queue_that_keeps_growing_from_poisson_bursts(seed: int) -> None:
+    """4 slots, 1 s per request (capacity 4 req/s), 32 Poisson arrivals: at 2 req/s the queue
+    stays steady (bursts and all), at 8 req/s it keeps growing (at most at the offered rate),
+    and all 32 sent at once is the extreme of overload."""
+    rng = np.random.default_rng(seed)
+    service = rng.gamma(8.0, 1 / 8.0, 32)
+    for rate, overload in ((2.0, False), (8.0, True)):
+        gaps = np.cumsum(rng.exponential(1 / rate, 32))
+        arrivals = gaps * (32 / rate) / gaps[-1]  # as vLLM's bench scales them: N / rate
+        q = backlog(arrivals, _served(arrivals, 4, service), rate)
+        assert q.overload is overload, (rate, q)
+        if overload:
+            assert GROWTH < q.growth < 1.0, q
+        else:
+            assert q.growth < GROWTH, q
+    at_once = np.linspace(0, 0.01, 32)
+    q = backlog(at_once, _served(at_once, 4, service), 3200.0)
+    assert q.overload and q.sojourn_ratio > 3
+    assert not backlog([0.0, 1.0, 2.0], [5.0, 6.0, 7.0], 1.0).overload  # too few to tell
+    assert math.isclose(backlog([], [], 1.0).growth, 0.0)
+
+
+def test_rates_are_points_and_a_class_arrives_as_its_objective_measures() -> None:
+    """Each offered rate is a workload of its own (`<name>@<rate>rps`) with the class's name;
+    every mismatch of objective and arrival is a problem naming its field, all at once."""
+    spec = load(["experiment=cpu_demo", "workload=[code_completion,classify]",
+                 "workload.code_completion.arrival={request_rate: [1.5, 4], burstiness: 0.5}",
+                 "+promote.objectives.code=latency", "sweep.search=exhaustive"]).spec
+    opened = {n: w for n, w in spec.workload.items() if w.arrival is not None}
+    assert sorted(opened) == ["code_completion@1.5rps", "code_completion@4rps"]
+    assert {w.traffic_class for w in opened.values()} == {"code"}
+    assert [w.arrival.request_rate for w in opened.values()] == [[1.5], [4.0]]
+    assert all(w.arrival.burstiness == 0.5 for w in opened.values())
+    assert spec.promote.objective_for("code") == "latency"
+    assert spec.promote.objective_for("classify") == "throughput"
+    with pytest.raises(SpecError) as err:
+        compile_plan(load(["experiment=cpu_demo", "workload=[code_completion,classify]",
+                           "workload.code_completion.arrival={request_rate: [2]}",
+                           "+promote.objectives.classify=latency",
+                           "+promote.objectives.chatty=latency"]).spec)
+    got = {p.path: p for p in err.value.problems}
+    assert set(got) == {"workload.code_completion.arrival", "workload.classify.arrival",
+                        "promote.objectives.chatty", "sweep.search"}, got
+    assert "throughput is the rate it is offered" in got["workload.code_completion.arrival"].problem
+    assert "decided on latency" in got["workload.classify.arrival"].problem
+    assert got["sweep.search"].got == "adaptive"
+    with pytest.raises(SpecError) as err:
+        load(["experiment=cpu_demo", "workload=[code_completion,classify]",
+              "workload.code_completion.arrival={request_rate: [2]}",
+              "+promote.objectives.code=latency", "sweep.search=exhaustive",
+              "service=[assistant]"])
+    assert [p.path for p in err.value.problems] == ["service.assistant.classes"]
+    assert "cannot be part of a mix" in err.value.problems[0].problem
+
+
+def test_a_trace_is_offered_at_multiples_of_its_own_rate(tmp_path: Path) -> None:
+    """`trace_speed`: each class of a split trace offered at 1x and 4x its own arrival rate
+    (its requests over their timestamps' span), with its gaps' burstiness; the ways an arrival
+    cannot be stated are problems naming the field."""
+    trace = traces.write(tmp_path / "trace.jsonl", per_class=24)
+    base = ["experiment=cpu_demo", "workload=[trace]", f"workload.trace.source.path={trace}",
+            "workload.trace.num_prompts=16", "sweep.search=exhaustive"]
+    spec = load([*base, "workload.trace.arrival={trace_speed: [1, 4]}",
+                 "promote.objective=latency"]).spec
+    assert sorted(spec.workload) == ["router@1x", "router@4x", "sql-agent@1x", "sql-agent@4x"]
+    compile_plan(spec)  # every class decided on latency, every workload open loop
+    rows = [json.loads(x) for x in trace.read_text().splitlines()]
+    for cls in ("router", "sql-agent"):
+        times = sorted(datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00")).timestamp()
+                       for r in rows if r["metadata"]["route"] == cls)
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        one, four = spec.workload[f"{cls}@1x"].arrival, spec.workload[f"{cls}@4x"].arrival
+        assert one.request_rate[0] == pytest.approx(rate, rel=1e-5)
+        assert four.request_rate[0] == pytest.approx(4 * rate, rel=1e-5)
+        gaps = np.diff(times)
+        assert one.burstiness == four.burstiness == pytest.approx(
+            (gaps.mean() / gaps.std()) ** 2, rel=1e-2)
+    stated = load([*base, "workload.trace.arrival={trace_speed: [2], burstiness: 1.0}",
+                   "promote.objective=latency"]).spec
+    assert {w.arrival.burstiness for w in stated.workload.values()} == {1.0}
+    for arrival, path in (("{trace_speed: [2]}", "workload.code_completion.arrival.trace_speed"),
+                          ("{request_rate: [1], trace_speed: [2]}",
+                           "workload.code_completion.arrival.request_rate"),
+                          ("{burstiness: 2}", "workload.code_completion.arrival.request_rate")):
+        with pytest.raises(SpecError) as err:
+            load(["experiment=cpu_demo", "workload=[code_completion]",
+                  f"workload.code_completion.arrival={arrival}"])
+        assert [p.path for p in err.value.problems] == [path], err.value.problems
