@@ -196,9 +196,12 @@ def _keyed_gain(pairs: dict[str, dict[Key, tuple[float, float]]], label: dict[Ke
 
 def analyze_requests(ms: Sequence[Measurement], confidence: float = 0.95, seed: int = 0
                      ) -> list[LevelRequests]:
-    """Every class and concurrency level whose windows kept their requests."""
+    """Every class and concurrency level whose windows kept their requests (an overloaded
+    window's latencies are its queue's length: left out)."""
     groups: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
     for m in ms:
+        if m.overload:
+            continue
         groups[(m.traffic_class, m.key.concurrency)].append(m)
     out = []
     for (cls, c), group in sorted(groups.items()):
