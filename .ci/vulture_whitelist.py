@@ -41,6 +41,7 @@ _.p99_itl_ms
 _.p99_e2el_ms
 _._kv_shared_has_no_layers
 _._needs_hub_only_for_hf
+_._one_way
 _._has_layers
 _._confirm_starts_within_their_most
 _._read_older  # champions/promote.py: reads a schema 1 champion file

@@ -118,6 +118,7 @@ from specflow.decision.race import BandState
 from specflow.search import rounds, simulate
 from specflow.search.plan import final_rules, spent_by, split_baseline
 from specflow.spec.schema import BudgetSpec, PromoteSpec
+from specflow.stats.queueing import backlog
 
 START_S = 25.0
 WINDOW_S = 4.0
@@ -161,6 +162,8 @@ TARGETS = {"false_promotion": 0.01, "wrong_candidate": 0.01, "power_cv3": 0.95,
 PROMOTE = PromoteSpec(bootstrap_samples=100)
 PROMOTE_LATENCY = PROMOTE.model_copy(update={"objective": "latency",
                                              "latency_statistic": "mean_e2el_ms"})
+OVERLOAD_TRIALS = 400
+"""Simulated windows per cell of the overload detector's table (`overload_figures`)."""
 LATENCY_REQUESTS = 32
 """Requests per simulated open-loop window (`simulate.NoiseModel.latency_requests`)."""
 LATENCY_TARGETS = {"latency_max_false_promotion": 0.01, "latency_power_cv3_gain10": 0.95,
@@ -681,7 +684,7 @@ def main() -> int:
         latency = {s: figures(s, out_l[j * trials:(j + 1) * trials])
                    for j, s in enumerate(lat_scns)}
         print(f"latency objective done in {time.perf_counter() - t0:.0f} s")
-        lat_summary = latency_report(latency)
+        lat_summary = latency_report(latency, SMOKE_TRIALS if args.smoke else OVERLOAD_TRIALS)
         if args.latency_only:
             print(json.dumps({**lat_summary, "trials": trials, "seed": args.seed, "code": code,
                               "wall_s": round(time.perf_counter() - t0, 1)}))
@@ -971,7 +974,42 @@ def main() -> int:
     return 0
 
 
-def latency_report(latency: Mapping[Scenario, Figures]) -> dict[str, Any]:
+def _served(arrivals: np.ndarray, slots: int, service: np.ndarray) -> np.ndarray:
+    """Finish times of requests served first come first served by `slots` servers."""
+    free = np.zeros(slots)
+    out = np.empty_like(arrivals)
+    for i, (a, s) in enumerate(zip(arrivals, service, strict=True)):
+        k = int(np.argmin(free))
+        out[i] = max(a, free[k]) + s
+        free[k] = out[i]
+    return out
+
+
+OVERLOAD_LOADS = (0.5, 0.75, 1.25, 2.0)
+"""Offered load over capacity in the overload detector's rows."""
+
+
+def overload_figures(trials: int, seed: int) -> dict[str, dict[str, float]]:
+    """The overload detector (`specflow.stats.queueing.backlog`) on simulated servers of known
+    capacity: 4 slots, gamma(8) service times of mean 1 s (capacity 4 req/s), Poisson arrivals
+    scaled to span N / rate as vLLM's bench scales them; the share of windows called overload
+    per offered load (capacity multiples) and window size."""
+    out: dict[str, dict[str, float]] = {}
+    for n in (12, 32):
+        for load in OVERLOAD_LOADS:
+            rate, hits = 4.0 * load, 0
+            for t in range(trials):
+                rng = np.random.default_rng([seed, n, int(load * 100), t])
+                service = rng.gamma(8.0, 1 / 8.0, n)
+                gaps = np.cumsum(rng.exponential(1 / rate, n))
+                arrivals = gaps * (n / rate) / gaps[-1]
+                hits += backlog(arrivals, _served(arrivals, 4, service), rate).overload
+            out.setdefault(f"n{n}", {})[f"load{load:g}"] = hits / trials
+    return out
+
+
+def latency_report(latency: Mapping[Scenario, Figures], overload_trials: int = OVERLOAD_TRIALS
+                   ) -> dict[str, Any]:
     """The latency-objective rows (the race) as a table, their targets and their figures."""
     rows = list(latency.items())
     table(f"LATENCY OBJECTIVE (race; open-loop windows: mean e2el over {LATENCY_REQUESTS} "
@@ -996,6 +1034,15 @@ def latency_report(latency: Mapping[Scenario, Figures]) -> dict[str, Any]:
     out["latency_targets_met"] = all(
         out[k] <= b if k == "latency_max_false_promotion" else out[k] >= b
         for k, b in LATENCY_TARGETS.items())
+    over = overload_figures(overload_trials, 0)
+    print(f"\noverload detector, simulated servers (4 slots, capacity 4 req/s, {overload_trials} "
+          "windows per cell): share of windows called overload")
+    print(f"{'requests':<10}" + "".join(f"{f'load {x:g}x':>11}" for x in OVERLOAD_LOADS))
+    for size, row in over.items():
+        print(f"{size[1:]:<10}" + "".join(f"{v:>11.1%}" for v in row.values()))
+    out["overload_false_half_capacity_n32"] = over["n32"]["load0.5"]
+    out["overload_detected_twice_capacity_n32"] = over["n32"]["load2"]
+    out["overload_detector"] = over
     out["latency_scenarios"] = {s.name: _fig_json(f) for s, f in rows}
     return out
 

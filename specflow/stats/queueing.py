@@ -10,10 +10,10 @@ of the offered rate, the time each request spends in the system rises with its a
 beyond the arrivals' own fluctuations (`TREND_P`), and the last third of the requests spend
 over `SOJOURN` times what the first ones did: its latencies then measure how long the queue
 had grown by the end of the window, which depends on the window's length, not the setting,
-and are not scored. On simulated servers (tests/decision/test_objectives.py) it calls a
-steady window at half the capacity overload under 1% of the time and one at twice the
-capacity overload nearly always from 32 requests; a window of a dozen requests can tell
-only a far larger overload.
+and are not scored. On simulated servers (`bench/decision_quality.py`, docs/benchmarks.md) it
+calls a window of 32 requests at half the capacity overload under 1% of the time, at three
+quarters of it 8.5%, and at twice the capacity 98.5%; a window of a dozen requests tells only
+larger overloads.
 """
 
 from __future__ import annotations

@@ -170,10 +170,9 @@ class Context:
             elif shared:
                 files = [Path(tmp) / "withheld" if k == "engine_log" else Path(p)
                          for k, p in m.artifacts.items()]
-            if private or shared:
-                if m.failure_detail:  # a log's tail: the engine's may quote a request
-                    m = replace(m, failure_detail=WITHHELD.format(m.failure or "failed",
-                                                                  self.ledger.dir))
+            if (private or shared) and m.failure_detail:  # a log's tail may quote a request
+                m = replace(m, failure_detail=WITHHELD.format(m.failure or "failed",
+                                                              self.ledger.dir))
             try:
                 run_id = self.tracker.log_window(self.parent_run_id, m, ec, files,
                                                 run_id=entry.run_id if entry else None)
