@@ -39,6 +39,7 @@ from scipy import stats
 
 from specflow.decision.aggregate import usable_starts
 from specflow.records.measurement import Measurement
+from specflow.spec.schema import PromoteSpec
 from specflow.stats.critical import t_value
 from specflow.stats.multiplicity import holm
 from specflow.stats.replicates import StartWindows, contrast, start_noise
@@ -264,7 +265,17 @@ def _replicated(xa: Mapping[int, list[float]], xb: Mapping[int, list[float]], *,
 
 
 def _usable(m: Measurement) -> bool:
-    return m.ok and not m.failed and m.output_throughput > 0
+    return m.ok and not m.failed and m.output_throughput > 0 and not m.overload
+
+
+def _scoring(measured: Mapping[str, Any]) -> PromoteSpec | None:
+    """What the speedups are scored on: the latency statistic for the classes the sweep decided
+    on latency (its measured settings name them), throughput for the others."""
+    latency = (measured or {}).get("latency")
+    if not latency:
+        return None
+    return PromoteSpec(objectives=dict.fromkeys(latency["classes"], "latency"),
+                       latency_statistic=latency["statistic"])
 
 
 def _by_start(ms: Sequence[Measurement], repeats: int | None) -> list[Measurement]:
@@ -297,6 +308,8 @@ def _engine_rows(key: tuple[str, str, int, str], wa: list[Measurement], wb: list
                  confidence: float) -> list[Change]:
     """Acceptance length and per-position acceptance (speculative) or throughput (baseline)."""
     rows: list[Change] = []
+    if wa[0].method == "none" and wa[0].request_rate is not None:
+        return rows  # open loop: its throughput is the rate offered, not the server's
     if wa[0].method == "none":
         xa = _per_start(wa, lambda m: math.log(m.output_throughput))
         xb = _per_start(wb, lambda m: math.log(m.output_throughput))
@@ -377,11 +390,12 @@ def compare(a: SweepSide, b: SweepSide, *, confidence: float = 0.95, tolerance: 
     changed = workload_changes(a, b)
     ua = _by_start([m for m in a.measurements if _usable(m)], a.repeats)
     ub = _by_start([m for m in b.measurements if _usable(m)], b.repeats)
+    scoring = _scoring(b.measured or a.measured)
     names_a = {m.key.engine_hash: m.engine for m in ua}
     names_b = {m.key.engine_hash: m.engine for m in ub}
     base_a = next((m.key.engine_hash for m in ua if m.method == "none"), None)
     base_b = next((m.key.engine_hash for m in ub if m.method == "none"), None)
-    starts_a, starts_b = usable_starts(ua), usable_starts(ub)
+    starts_a, starts_b = usable_starts(ua, scoring), usable_starts(ub, scoring)
     cls = {m.key.workload: m.traffic_class for m in ua + ub}
     rows: list[Change] = []
     only: list[str] = []

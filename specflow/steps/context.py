@@ -267,13 +267,19 @@ def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> vllm_check.VllmFacts:
 
 def measured_settings(spec: Spec) -> dict[str, Any]:
     """Besides the plan, what changes what a window measures (part of the sweep's identity):
-    the workloads (prompts, output lengths, sources), the warm-up, the design and the search
-    (named only when adaptive: an exhaustive search keeps the identity of a sweep without one)."""
+    the workloads (prompts, output lengths, sources), the warm-up, the design, the search
+    (named only when adaptive: an exhaustive search keeps the identity of a sweep without one)
+    and the classes decided on latency with the statistic (named only where there is one, for
+    the same reason), which `compare` scores their speedups on."""
     out = {"workload": {k: w.model_dump(mode="json") for k, w in spec.workload.items()},
            "warmup_requests": spec.sweep.warmup_requests,
            "warmup_scope": "first window per level", "design": spec.sweep.design}
     if spec.sweep.search != "exhaustive" and spec.sweep.design == "race":
         out["search"] = spec.sweep.search
+    latency = sorted({c for w in spec.workload.values() if (c := w.traffic_class)
+                      and spec.promote.objective_for(c) == "latency"})
+    if latency:
+        out["latency"] = {"classes": latency, "statistic": spec.promote.latency_statistic}
     return out
 
 

@@ -3,6 +3,7 @@ is tests/results/test_compare_sweeps.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -131,3 +132,31 @@ def test_one_start_a_side_says_its_interval_lacks_the_start_effect() -> None:
     only = compare(side("A", rng), SweepSide("B", ()))
     assert not only.changes and only.summary.startswith("nothing to compare")
     assert only.only == ("code c=4: measured by A only",)
+
+
+def _open_loop(s: SweepSide, latency: bool = True) -> SweepSide:
+    """A side's windows as open-loop ones of a class decided on mean end-to-end latency: each
+    window completes what it was offered (the same throughput everywhere) in the time its
+    throughput said (latency = 1 / throughput)."""
+    ms = tuple(dataclasses.replace(m, output_throughput=50.0, request_rate=2.0,
+                                   latency_ms={"mean_e2el_ms": 1e5 / m.output_throughput})
+               for m in s.measurements)
+    measured = {**s.measured, **({"latency": {"classes": ["code"],
+                                              "statistic": "mean_e2el_ms"}} if latency else {})}
+    return SweepSide(s.label, ms, s.pins, measured)
+
+
+def test_a_latency_class_is_compared_on_its_latency() -> None:
+    """A class decided on latency (the sweep's measured settings say so): its speedup is the
+    baseline's latency over the candidate's, so a drafter that lost its latency gain is a
+    speedup regression although every window's throughput is the rate it was offered; the
+    baseline's throughput (that rate) is no row at all."""
+    rng = np.random.default_rng(1)
+    a, b = _open_loop(side("A", rng)), _open_loop(side("B", rng, speedup=1.1))
+    cmp = compare(a, b)
+    (speed,) = [c for c in cmp.changes if c.metric == "speedup"]
+    assert speed.finding == "regression" and 1.4 < speed.a < 1.6 and 1.0 < speed.b < 1.2
+    assert not [c for c in cmp.changes if c.metric == "throughput"]
+    blind = compare(_open_loop(a, latency=False), _open_loop(b, latency=False))
+    (flat,) = [c for c in blind.changes if c.metric == "speedup"]
+    assert math.isclose(flat.a, 1.0) and math.isclose(flat.b, 1.0)  # throughput cannot tell
