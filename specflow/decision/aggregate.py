@@ -145,6 +145,7 @@ def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: s
             acceptance_rate=float(np.median(rates)) if rates else None,
             mean_acceptance_length=float(np.median(mals)) if mals else None,
             per_position_acceptance=median_curve(m.per_position_acceptance for m in usable),
+            request_rate=first.request_rate,
             digests=tuple(m.output_digests for m in usable),
             prompt_hashes=tuple(m.prompt_hash for m in usable),
         ))

@@ -64,7 +64,8 @@ class PointStats:
     workload: str
     concurrency: int
     values: tuple[float, ...]
-    """Output throughput of each usable repeat (tokens/s)."""
+    """Each usable repeat's score for the class's objective (`decision.aggregate.score`):
+    output throughput (tokens/s), or 1000 / the latency statistic (ms)."""
     failures: dict[str, int]
     """Excluded windows by reason (failed windows, windows with failed requests)."""
     median: float | None
@@ -78,6 +79,8 @@ class PointStats:
     mean_acceptance_length: float | None
     per_position_acceptance: tuple[float, ...]
     """Median over repeats of accepted_at_position_i / drafts."""
+    request_rate: float | None = None
+    """Open loop: the requests offered per second (None: closed loop)."""
     digests: Annotated[tuple[tuple[str, ...], ...], Field(exclude=True)] = ()
     """Per usable repeat: per-request output digests (quality gate; not in the JSON)."""
     prompt_hashes: Annotated[tuple[str, ...], Field(exclude=True)] = ()

@@ -391,6 +391,31 @@ def _requests_section(lv: LevelRequests) -> list[str]:
     return lines
 
 
+def _latency_table(r: ClassResult, analysis: Analysis) -> list[str]:
+    """A latency class's measured latency per engine and offered rate: the statistic decided on
+    (geometric mean over usable windows, with its interval), the worst p99s, and the windows
+    left out as overload."""
+    if r.objective == "throughput":
+        return []
+    stat = r.objective.partition("(")[2].rstrip(")")
+    pts = sorted((p for p in analysis.points if p.traffic_class == r.traffic_class),
+                 key=lambda p: (not p.is_baseline, p.engine, p.request_rate or 0.0,
+                                p.concurrency))
+    lines = ["", "### Latency at the offered rates", "",
+             f"| engine | offered req/s | in flight at most | {stat} [CI] | worst p99 TPOT ms | "
+             "worst p99 e2el ms | usable | overload |", "|---|---|---|---|---|---|---|---|"]
+    for p in pts:
+        t = p.throughput
+        est = "-" if t is None else \
+            f"{1000 / t.value:.1f} [{1000 / t.hi:.1f}, {1000 / t.lo:.1f}]"
+        p99 = [f"{v:.1f}" if (v := p.latency_worst.get(k)) is not None else "-"
+               for k in ("p99_tpot_ms", "p99_e2el_ms")]
+        rate = f"{p.request_rate:g}" if p.request_rate is not None else "-"
+        lines.append(f"| {p.engine} | {rate} | {p.concurrency} | {est} | {p99[0]} | {p99[1]} | "
+                     f"{p.n_ok} | {p.failures.get('overload', 0)} |")
+    return lines
+
+
 def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], base: Path,
                    requests: Sequence[LevelRequests] = ()) -> list[str]:
     dep = r.deployment
@@ -435,6 +460,7 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
         lines.append("| " + " | ".join(_cell(x) for x in (
             row["band"], row["engine"], row["method"], row["N"], row["verdict"], row["speedup"],
             ci, row["worst_point"], row["quality"], row["acceptance_rate"], row["why"])) + " |")
+    lines += _latency_table(r, analysis)
     if r.drift:
         lines += ["", "### Baseline between its engine starts", "",
                   "| workload | concurrency | starts | later / earlier | z | beyond noise |",

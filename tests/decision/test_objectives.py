@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from specflow.decision.choose import AnalysisError, analyze
 from specflow.demo import traces
 from specflow.records.measurement import Measurement
 from specflow.results.console import decision_lines, deploy_lines
+from specflow.results.report import markdown
 from specflow.spec.compile import compile_plan
 from specflow.spec.errors import SpecError
 from specflow.spec.schema import PromoteSpec
@@ -217,3 +219,21 @@ def test_a_trace_is_offered_at_multiples_of_its_own_rate(tmp_path: Path) -> None
             load(["experiment=cpu_demo", "workload=[code_completion]",
                   f"workload.code_completion.arrival={arrival}"])
         assert [p.path for p in err.value.problems] == [path], err.value.problems
+
+
+def test_the_report_shows_a_latency_class_s_latency_per_engine_and_rate(tmp_path: Path) -> None:
+    """The report's class section says what the class was decided for and tables the latency
+    measured per engine and offered rate, overloaded points with nothing usable."""
+    ms = [*_windows(1.25, 0), *_windows(1.25, 1, rate=50.0, overload=True)]
+    a = analyze(ms, LATENCY)
+    text = markdown(a)
+    assert "Decided for latency (mean_e2el_ms): each speedup is the baseline's mean_e2el_ms " \
+           "over the candidate's" in text
+    assert "### Latency at the offered rates" in text
+    base = re.search(r"^\| baseline \| 2 \| 1 \| ([\d.]+) \[([\d.]+), ([\d.]+)\] \| .* "
+                     r"\| 5 \| 0 \|$", text, re.M)
+    cand = re.search(r"^\| ngram-n8 \| 2 \| 1 \| ([\d.]+) \[", text, re.M)
+    assert base and cand, text
+    assert float(base[2]) <= float(base[1]) <= float(base[3])
+    assert 1.15 < float(base[1]) / float(cand[1]) < 1.35  # 25% faster: 1/1.25 of the latency
+    assert re.search(r"^\| baseline \| 50 \| 1 \| - \| .* \| 0 \| 5 \|$", text, re.M), text
