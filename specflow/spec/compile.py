@@ -523,41 +523,6 @@ def _check_bands(spec: Spec) -> list[Problem]:
     return out
 
 
-def _check_objectives(spec: Spec) -> list[Problem]:
-    """Every class's workloads arrive as its objective measures: a latency class's at offered
-    rates (open loop), a throughput class's with each concurrency level kept full."""
-    classes = sorted({w.traffic_class for w in spec.workload.values() if w.traffic_class})
-    out = [Problem(f"promote.objectives.{c}", "no workload is of this traffic class", c,
-                   one_of(classes), did_you_mean(c, classes))
-           for c in spec.promote.objectives if c not in classes]
-    seen: set[str] = set()
-    for name, w in spec.workload.items():
-        base = name.split("@", 1)[0]
-        cls = w.traffic_class or name
-        if base in seen:
-            continue
-        objective = spec.promote.objective_for(cls)
-        if objective == "latency" and w.arrival is None:
-            out.append(Problem(f"workload.{base}.arrival", f"traffic class '{cls}' is decided "
-                               "on latency, which is measured at offered request rates", None,
-                               f"arrival: {{request_rate: [...]}}, or "
-                               f"promote.objectives.{cls}: throughput"))
-        elif objective == "throughput" and w.arrival is not None:
-            rates = [r for n, v in spec.workload.items() if n.split("@", 1)[0] == base
-                     and v.arrival is not None for r in v.arrival.request_rate]
-            out.append(Problem(f"workload.{base}.arrival", "an open-loop workload's throughput "
-                               "is the rate it is offered, not what the server can do",
-                               rates, f"promote.objectives.{cls}: latency, "
-                               "or arrival: null (closed loop)"))
-        seen.add(base)
-    if spec.sweep.design == "race" and spec.sweep.search == "adaptive" and any(
-            spec.promote.objective_for(c) != "throughput" for c in classes):
-        out.append(Problem("sweep.search", "adaptive search predicts throughput from "
-                           "acceptance, and a class here is decided on latency", "adaptive",
-                           "exhaustive"))
-    return out
-
-
 def _check_endpoint(spec: Spec) -> list[Problem]:
     """An endpoint backend measures one running server: at most one speculative drafter."""
     speculative = [n for n, d in spec.drafter.items() if d.method != "none"]
@@ -747,7 +712,7 @@ def compile_plan(spec: Spec, catalog: Catalog = Catalog()) -> SweepPlan:
     """Validate across sections and build the sweep plan; raises SpecError with every problem."""
     host_problems, host_warnings = _check_host(spec)
     problems = [*_check_target(spec), *_check_sweep_drafters(spec, catalog),
-                *_check_bands(spec), *_check_objectives(spec), *_check_endpoint(spec),
+                *_check_bands(spec), *_check_endpoint(spec),
                 *_check_secrets(spec), *_check_dispatch(spec),
                 *host_problems]
     warnings = [*_target_warnings(spec.target), *host_warnings]

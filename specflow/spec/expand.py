@@ -64,6 +64,7 @@ def expand(spec: Spec) -> Spec:
         except SpecError as err:
             problems += err.problems
     problems += _mixed_arrivals(spec, workloads)
+    problems += objective_problems(spec, workloads, split_of)
     if problems:
         raise SpecError(problems)
     workloads, problems = by_rate(workloads, split_of)
@@ -132,6 +133,53 @@ def _trace_arrival(where: str, w: WorkloadSpec, read: dict[str, Trace]
     cv = float(gaps.std() / gaps.mean())
     shape = float(np.clip(1 / cv**2, 0.01, 1000)) if cv > 0 else 1000.0
     return rate, round(shape, 3)
+
+
+def objective_problems(spec: Spec, workloads: Mapping[str, WorkloadSpec],
+                       split_of: Mapping[str, str]) -> list[Problem]:
+    """Every class's workloads arrive as its objective measures: a latency class's at offered
+    rates (open loop), a throughput class's with each concurrency level kept full. `workloads`:
+    split traces' classes and services as workloads, before one per rate; `split_of`: a split
+    class's workload by the trace workload's name (the field a problem names)."""
+    classes = sorted({w.traffic_class or n for n, w in workloads.items()})
+    out = [Problem(f"promote.objectives.{c}", "no workload is of this traffic class", c,
+                   one_of(classes), did_you_mean(c, classes))
+           for c in spec.promote.objectives if c not in classes]
+    closed: dict[str, list[str]] = {}  # a field: the latency classes it leaves closed loop
+    opened: dict[str, tuple[list[str], WorkloadSpec]] = {}  # ... throughput classes it opens
+    for name, w in workloads.items():
+        cls = w.traffic_class or name
+        objective = spec.promote.objective_for(cls)
+        where = f"workload.{split_of.get(name, name)}.arrival"
+        if objective == "latency" and w.arrival is None:
+            if isinstance(w.source, MixSource) and name in spec.service:
+                out.append(Problem(f"promote.objectives.{cls}", "a service's windows mix its "
+                                   "classes in one closed loop; latency is measured at "
+                                   "offered rates", objective, "throughput for a service"))
+            else:
+                closed.setdefault(where, []).append(cls)
+        elif objective == "throughput" and w.arrival is not None:
+            opened.setdefault(where, ([], w))[0].append(cls)
+    for where, cs in closed.items():  # a split trace's classes: one problem
+        out.append(Problem(where, f"traffic class{'es' * (len(cs) > 1)} "
+                           f"{', '.join(repr(c) for c in cs)} decided on latency, which is "
+                           "measured at offered request rates", None,
+                           "arrival: {request_rate: [...]} (a trace: or {trace_speed: [...]}), "
+                           f"or promote.objectives.{cs[0]}: throughput"))
+    for where, (cs, w) in opened.items():
+        a = w.arrival
+        assert a is not None
+        out.append(Problem(where, "an open-loop workload's throughput is the rate it is "
+                           "offered, not what the server can do",
+                           a.request_rate or {"trace_speed": a.trace_speed},
+                           f"promote.objectives.{cs[0]}: latency, or arrival: null "
+                           "(closed loop)"))
+    if spec.sweep.design == "race" and spec.sweep.search == "adaptive" and any(
+            spec.promote.objective_for(c) != "throughput" for c in classes):
+        out.append(Problem("sweep.search", "adaptive search predicts throughput from "
+                           "acceptance, and a class here is decided on latency", "adaptive",
+                           "exhaustive"))
+    return out
 
 
 def _mixed_arrivals(spec: Spec, workloads: Mapping[str, WorkloadSpec]) -> list[Problem]:
