@@ -30,7 +30,8 @@ MAIN_JOB = frozenset({"search_cost", "vs_vllm_sweep"})
 API (tests/conftest.py), as a production install is, instead of starting Prefect's temporary
 server each."""
 
-ENGINE = frozenset({"engine_start", "runner_overhead", "search_cost", "vs_vllm_sweep"})
+ENGINE = frozenset({"capacity", "engine_start", "runner_overhead", "search_cost",
+                    "vs_vllm_sweep"})
 """The benchmarks that start the real vLLM engine."""
 
 ARGS = {stem: ["--workdir", "{tmp}/work", "--models", "{models}"] for stem in ENGINE}
@@ -39,6 +40,7 @@ once per worker; the others write nothing, or only under TMPDIR, which is the te
 GPU check removes its ~4 GB of checkpoints itself)."""
 
 COUNT = {
+    "capacity": "trials",
     "decision_quality": "trials",
     "search_cost_simulated": "starts_grid",
     "fuzz_configs": "total",

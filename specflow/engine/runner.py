@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from specflow.decision.requests import request_sums
@@ -235,10 +236,30 @@ def output_digests(result: Mapping[str, Any]) -> tuple[str, ...]:
                  for text, err in zip(texts, errors, strict=False))
 
 
-def latency_stats(result: Mapping[str, Any]) -> dict[str, float]:
-    """vLLM's latency statistics present in a result (`p99_tpot_ms`, `mean_ttft_ms`, ...)."""
-    return {f"{s}_{m}_ms": float(result[f"{s}_{m}_ms"]) for m in LATENCY_METRICS
-            for s in LATENCY_STATS if result.get(f"{s}_{m}_ms") is not None}
+def latency_stats(result: Mapping[str, Any], open_loop: bool = False) -> dict[str, float]:
+    """vLLM's latency statistics present in a result (`p99_tpot_ms`, `mean_ttft_ms`, ...).
+
+    `open_loop`: TTFT and end-to-end latency count from each request's arrival, not from when
+    the load generator sent it: under the concurrency cap a request offered open loop waits at
+    the client (`queue_times`) as it would at a gateway, and vLLM's bench leaves that wait out
+    of both. Recomputed from the detailed result, over the requests that succeeded."""
+    out = {f"{s}_{m}_ms": float(result[f"{s}_{m}_ms"]) for m in LATENCY_METRICS
+           for s in LATENCY_STATS if result.get(f"{s}_{m}_ms") is not None}
+    if not open_loop:
+        return out
+    waited = result.get("queue_times") or []
+    errors = result.get("errors") or [""] * len(waited)
+    for metric, key in (("ttft", "ttfts"), ("e2el", "latencies")):
+        values = result.get(key) or []
+        if not (len(values) == len(waited) == len(errors)) or not values:
+            continue
+        ms = np.asarray([(v + q) * 1000.0 for v, q, e in zip(values, waited, errors, strict=True)
+                         if not e])
+        if not ms.size:
+            continue
+        out |= {f"mean_{metric}_ms": float(ms.mean()), f"median_{metric}_ms": float(np.median(ms)),
+                **{f"p{p}_{metric}_ms": float(np.percentile(ms, p)) for p in (50, 90, 99)}}
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,7 +532,7 @@ def _measurement(ec: EngineConfig, w: Window, result: Mapping[str, Any],
         output_throughput=float(result.get("output_throughput", 0.0)),
         request_throughput=float(result.get("request_throughput", 0.0)),
         total_token_throughput=float(result.get("total_token_throughput", 0.0)),
-        latency_ms=latency_stats(result),
+        latency_ms=latency_stats(result, open_loop=w.request_rate is not None),
         acceptance_rate=spec.acceptance_rate if spec else None,
         mean_acceptance_length=spec.mean_acceptance_length if spec else None,
         per_position_acceptance=spec.per_position if spec else (),

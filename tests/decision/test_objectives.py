@@ -18,6 +18,7 @@ import pytest
 from specflow.config.compose import load
 from specflow.decision.choose import AnalysisError, analyze
 from specflow.demo import traces
+from specflow.engine.runner import latency_stats
 from specflow.records.measurement import Measurement
 from specflow.results.console import decision_lines, deploy_lines
 from specflow.results.report import markdown
@@ -242,3 +243,20 @@ def test_the_report_shows_a_latency_class_s_latency_per_engine_and_rate(tmp_path
     assert float(base[2]) <= float(base[1]) <= float(base[3])
     assert 1.15 < float(base[1]) / float(cand[1]) < 1.35  # 25% faster: 1/1.25 of the latency
     assert re.search(r"^\| baseline \| 50 \| 1 \| - \| .* \| 0 \| 5 \|$", text, re.M), text
+
+
+def test_open_loop_latency_counts_the_wait_at_the_client() -> None:
+    """Under the concurrency cap an open-loop request waits at the load generator before it is
+    sent, as it would at a gateway; vLLM's bench leaves that out of TTFT and end-to-end
+    latency, the window's statistics count it (over the requests that succeeded); TPOT stays
+    vLLM's."""
+    result = {"mean_e2el_ms": 500.0, "p99_e2el_ms": 600.0, "mean_tpot_ms": 3.0,
+              "latencies": [0.5, 0.5, 0.6, 0.0], "ttfts": [0.1, 0.1, 0.1, 0.0],
+              "queue_times": [0.0, 1.0, 2.0, 0.0], "errors": ["", "", "", "refused"]}
+    closed = latency_stats(result)
+    assert closed == {"mean_e2el_ms": 500.0, "p99_e2el_ms": 600.0, "mean_tpot_ms": 3.0}
+    opened = latency_stats(result, open_loop=True)
+    assert opened["mean_e2el_ms"] == pytest.approx((500 + 1500 + 2600) / 3)
+    assert opened["median_ttft_ms"] == pytest.approx(1100.0)
+    assert opened["p99_e2el_ms"] == pytest.approx(float(np.percentile([500, 1500, 2600], 99)))
+    assert opened["mean_tpot_ms"] == 3.0
