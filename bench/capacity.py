@@ -62,7 +62,7 @@ from specflow.search.capacity import (
 )
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import SloSpec
-from specflow.stats.queueing import backlog
+from specflow.stats.queueing import backlog, served
 
 SLOTS, SERVICE_S, SHAPE, START_SD = 4, 1.0, 8.0, 0.03
 """Simulated servers: slots, mean service seconds, gamma shape, start effect SD."""
@@ -72,22 +72,12 @@ LOAD = 20.0
 """The load (req/s) the replicas are counted for."""
 
 
-def _served(arrivals: np.ndarray, service: np.ndarray) -> np.ndarray:
-    free = np.zeros(SLOTS)
-    out = np.empty_like(arrivals)
-    for i, (a, s) in enumerate(zip(arrivals, service, strict=True)):
-        k = int(np.argmin(free))
-        out[i] = max(a, free[k]) + s
-        free[k] = out[i]
-    return out
-
-
 def sim_holds(rate: float, effect: float, rng: np.random.Generator) -> bool:
     """One simulated window at `rate` on a start whose service takes `effect` times the mean."""
     gaps = np.cumsum(rng.exponential(1 / rate, SIM_REQUESTS))
     arrivals = gaps * (SIM_REQUESTS / rate) / gaps[-1]
     service = rng.gamma(SHAPE, SERVICE_S * effect / SHAPE, SIM_REQUESTS)
-    finish = _served(arrivals, service)
+    finish = served(arrivals, SLOTS, service)
     if backlog(arrivals, finish, rate).overload:
         return False
     return float(np.percentile(finish - arrivals, 99)) <= SIM_P99_S

@@ -118,7 +118,7 @@ from specflow.decision.race import BandState
 from specflow.search import rounds, simulate
 from specflow.search.plan import final_rules, spent_by, split_baseline
 from specflow.spec.schema import BudgetSpec, PromoteSpec
-from specflow.stats.queueing import backlog
+from specflow.stats.queueing import backlog, served
 
 START_S = 25.0
 WINDOW_S = 4.0
@@ -974,17 +974,6 @@ def main() -> int:
     return 0
 
 
-def _served(arrivals: np.ndarray, slots: int, service: np.ndarray) -> np.ndarray:
-    """Finish times of requests served first come first served by `slots` servers."""
-    free = np.zeros(slots)
-    out = np.empty_like(arrivals)
-    for i, (a, s) in enumerate(zip(arrivals, service, strict=True)):
-        k = int(np.argmin(free))
-        out[i] = max(a, free[k]) + s
-        free[k] = out[i]
-    return out
-
-
 OVERLOAD_LOADS = (0.5, 0.75, 1.25, 2.0)
 """Offered load over capacity in the overload detector's rows."""
 
@@ -1003,7 +992,7 @@ def overload_figures(trials: int, seed: int) -> dict[str, dict[str, float]]:
                 service = rng.gamma(8.0, 1 / 8.0, n)
                 gaps = np.cumsum(rng.exponential(1 / rate, n))
                 arrivals = gaps * (n / rate) / gaps[-1]
-                hits += backlog(arrivals, _served(arrivals, 4, service), rate).overload
+                hits += backlog(arrivals, served(arrivals, 4, service), rate).overload
             out.setdefault(f"n{n}", {})[f"load{load:g}"] = hits / trials
     return out
 

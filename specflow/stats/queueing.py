@@ -81,3 +81,16 @@ def backlog(arrivals: Sequence[float], finishes: Sequence[float], rate: float) -
     p = float(rho.pvalue) if np.isfinite(rho.pvalue) else 1.0
     last = float(np.mean(s[-max(1, s.size // 3):]))
     return Backlog(slope / rate, p, last / first if first > 0 else math.inf)
+
+
+def served(arrivals: Sequence[float], slots: int, service: Sequence[float]) -> np.ndarray:
+    """Finish times of requests served first come first served by `slots` servers, each
+    request taking its `service` seconds: the simulated server the overload detector and the
+    capacity search are measured on (bench/decision_quality.py, bench/capacity.py)."""
+    free = np.zeros(slots)
+    out = np.empty(len(arrivals))
+    for i, (a, s) in enumerate(zip(arrivals, service, strict=True)):
+        k = int(np.argmin(free))
+        out[i] = max(a, free[k]) + s
+        free[k] = out[i]
+    return out

@@ -25,7 +25,7 @@ from specflow.results.report import markdown
 from specflow.spec.compile import compile_plan
 from specflow.spec.errors import SpecError
 from specflow.spec.schema import PromoteSpec
-from specflow.stats.queueing import GROWTH, backlog
+from specflow.stats.queueing import GROWTH, backlog, served
 from tests.builders import Cand, engine, sweep
 
 NGRAM = engine("ngram-n8", "ngram", 8)
@@ -120,17 +120,6 @@ def test_a_class_overloaded_everywhere_is_a_problem_that_says_what_to_do() -> No
                for p in err.value.problems), err.value.problems
 
 
-def _served(arrivals: np.ndarray, servers: int, service: np.ndarray) -> np.ndarray:
-    """Finish times of requests served first come first served by `servers` slots."""
-    free = np.zeros(servers)
-    out = np.empty_like(arrivals)
-    for i, (a, s) in enumerate(zip(arrivals, service, strict=True)):
-        k = int(np.argmin(free))
-        out[i] = max(a, free[k]) + s
-        free[k] = out[i]
-    return out
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_the_backlog_tells_a_queue_that_keeps_growing_from_poisson_bursts(seed: int) -> None:
     """4 slots, 1 s per request (capacity 4 req/s), 32 Poisson arrivals: at 2 req/s the queue
@@ -141,14 +130,14 @@ def test_the_backlog_tells_a_queue_that_keeps_growing_from_poisson_bursts(seed: 
     for rate, overload in ((2.0, False), (8.0, True)):
         gaps = np.cumsum(rng.exponential(1 / rate, 32))
         arrivals = gaps * (32 / rate) / gaps[-1]  # as vLLM's bench scales them: N / rate
-        q = backlog(arrivals, _served(arrivals, 4, service), rate)
+        q = backlog(arrivals, served(arrivals, 4, service), rate)
         assert q.overload is overload, (rate, q)
         if overload:
             assert GROWTH < q.growth < 1.0, q
         else:
             assert q.growth < GROWTH, q
     at_once = np.linspace(0, 0.01, 32)
-    q = backlog(at_once, _served(at_once, 4, service), 3200.0)
+    q = backlog(at_once, served(at_once, 4, service), 3200.0)
     assert q.overload and q.sojourn_ratio > 3
     assert not backlog([0.0, 1.0, 2.0], [5.0, 6.0, 7.0], 1.0).overload  # too few to tell
     assert math.isclose(backlog([], [], 1.0).growth, 0.0)
