@@ -26,6 +26,7 @@ def expand(spec: Spec) -> Spec:
     trace_share: dict[str, tuple[str, float]] = {}
     split_from: dict[str, list[str]] = {}
     split_of: dict[str, str] = {}  # a split class's workload: the trace workload's name
+    read: dict[str, Trace] = {}  # the traces split, by how they are read (`_read_key`): once
     failed: set[str] = set()
     for name, w in spec.workload.items():
         if isinstance(w.source, MixSource):
@@ -33,7 +34,7 @@ def expand(spec: Spec) -> Spec:
         if not (isinstance(w.source, TraceSource) and w.traffic_class is None):
             workloads[name] = _pinned(w, w.source) if isinstance(w.source, TraceSource) else w
             continue
-        split, shares, found = _split(name, w, w.source, spec.workload)
+        split, shares, found = _split(name, w, w.source, spec.workload, read)
         problems += found
         for c in split:
             if c in workloads:  # an earlier trace's class of the same name
@@ -67,7 +68,7 @@ def expand(spec: Spec) -> Spec:
     problems += objective_problems(spec, workloads, split_of)
     if problems:
         raise SpecError(problems)
-    workloads, problems = by_rate(workloads, split_of)
+    workloads, problems = by_rate(workloads, split_of, read)
     if problems:
         raise SpecError(problems)
     if workloads == spec.workload:
@@ -80,15 +81,17 @@ def rate_name(workload: str, rate: float) -> str:
     return f"{workload}@{rate:g}rps"
 
 
-def by_rate(workloads: Mapping[str, WorkloadSpec], split_of: Mapping[str, str] | None = None
+def by_rate(workloads: Mapping[str, WorkloadSpec], split_of: Mapping[str, str] | None = None,
+            read: dict[str, Trace] | None = None
             ) -> tuple[dict[str, WorkloadSpec], list[Problem]]:
     """Each open-loop workload as one workload per offered rate (`rate_name`, or
     `<name>@<speed>x` for multiples of a trace's own rate), in its place, with its rate and
     burstiness stated; closed-loop workloads as they are. `split_of`: a split trace's class
-    workloads, by the name of the workload they came from (for problems' paths)."""
+    workloads, by the name of the workload they came from (for problems' paths); `read`: the
+    traces already read (`_read_key`; each is read once)."""
     out: dict[str, WorkloadSpec] = {}
     problems: list[Problem] = []
-    read: dict[str, Trace] = {}  # each trace file read once
+    read = {} if read is None else read
     for name, w in workloads.items():
         a = w.arrival
         if a is None or (len(a.request_rate) == 1 and a.burstiness is not None and "@" in name):
@@ -119,8 +122,8 @@ def _trace_arrival(where: str, w: WorkloadSpec, read: dict[str, Trace]
     if not isinstance(src, TraceSource):
         return Problem(where, "multiples of a trace's own rate need a trace source",
                        Raw(src.kind), "request_rate: [req/s, ...]")
-    every = src.model_copy(update={"classes": None})
-    trace = read.get(src.path) or read.setdefault(src.path, read_trace(src.path, every))
+    key = _read_key(src)
+    trace = read.get(key) or read.setdefault(key, read_trace(src.path, src))
     times = sorted(r.timestamp for r in trace.requests if r.timestamp is not None
                    and (src.classes is None or r.traffic_class in src.classes))
     gaps = np.diff(times)
@@ -222,11 +225,19 @@ def _user_mix(name: str, mix: MixSource, declared: Mapping[str, WorkloadSpec]) -
             or isinstance(declared[p].source, MixSource)]
 
 
-def _split(name: str, w: WorkloadSpec, src: TraceSource, declared: Mapping[str, WorkloadSpec]
+def _read_key(src: TraceSource) -> str:
+    """A trace as read: its file and the options it is read with (not the classes picked,
+    which the reader does not filter by)."""
+    return src.model_copy(update={"classes": None, "sha256": None}).model_dump_json()
+
+
+def _split(name: str, w: WorkloadSpec, src: TraceSource, declared: Mapping[str, WorkloadSpec],
+           read: dict[str, Trace]
            ) -> tuple[dict[str, WorkloadSpec], dict[str, tuple[str, float]], list[Problem]]:
-    """One workload per class of the trace (named by the class), and each class's share."""
+    """One workload per class of the trace (named by the class), and each class's share; the
+    trace read goes into `read`."""
     where = f"workload.{name}.source"
-    trace = read_trace(src.path, src)
+    trace = read[_read_key(src)] = read_trace(src.path, src)
     if trace.problems:
         return {}, {}, trace.all_problems(f"{where}.path")
     counts = trace.classes()
