@@ -55,6 +55,12 @@ def objective_label(promote: PromoteSpec, traffic_class: str) -> str:
         f"{objective} ({promote.latency_statistic})"
 
 
+def label_statistic(label: str) -> str:
+    """The statistic an `objective_label` names (`mean_tpot_ms` of `latency (mean_tpot_ms)`);
+    "" for throughput."""
+    return label.partition("(")[2].rstrip(")")
+
+
 def _exclusion(m: Measurement, promote: PromoteSpec | None = None) -> str | None:
     """Why a window is unusable, or None."""
     if not m.ok:

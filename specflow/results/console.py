@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from specflow.decision.aggregate import label_statistic
 from specflow.decision.model import BASELINE_METHOD
 from specflow.records.measurement import AGAIN, Measurement
 from specflow.records.summaries import SweepSummary
@@ -167,7 +168,7 @@ def _gain(row: Mapping[str, Any]) -> str:
     if objective == "throughput":
         return (f"{row['speedup']:.2f}x the throughput without it (interval "
                 f"[{row['lo']:.2f}, {row['hi']:.2f}])")
-    stat = objective.partition("(")[2].rstrip(")")
+    stat = label_statistic(objective)
     return (f"{stat} {1 / row['speedup']:.2f}x of its value without it (interval "
             f"[{1 / row['hi']:.2f}, {1 / row['lo']:.2f}]) at the offered rates")
 

@@ -17,6 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
+from specflow.decision.aggregate import label_statistic
 from specflow.decision.model import Analysis, ClassResult, Estimate, PointSpeedup, PointStats
 from specflow.decision.requests import LevelRequests, agreement, analyze_requests
 from specflow.decision.services import ServiceRouting
@@ -397,7 +398,7 @@ def _latency_table(r: ClassResult, analysis: Analysis) -> list[str]:
     left out as overload."""
     if r.objective == "throughput":
         return []
-    stat = r.objective.partition("(")[2].rstrip(")")
+    stat = label_statistic(r.objective)
     pts = sorted((p for p in analysis.points if p.traffic_class == r.traffic_class),
                  key=lambda p: (not p.is_baseline, p.engine, p.request_rate or 0.0,
                                 p.concurrency))
@@ -422,7 +423,7 @@ def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], ba
     lines = [f"## Traffic class `{r.traffic_class}`", ""]
     if r.objective != "throughput":
         lines += [f"Decided for {r.objective}: each speedup is the baseline's "
-                  f"{r.objective.partition('(')[2].rstrip(')')} over the candidate's, at the "
+                  f"{label_statistic(r.objective)} over the candidate's, at the "
                   "offered request rates (open loop); overloaded windows are reported, never "
                   "scored.", ""]
     undecided = [d.band.label for d in r.decisions if d.outcome == "unresolved"]

@@ -17,6 +17,7 @@ import pytest
 
 from specflow.config.compose import load
 from specflow.decision.choose import AnalysisError, analyze
+from specflow.decision.wording import decision_rows
 from specflow.demo import traces
 from specflow.engine.runner import latency_stats
 from specflow.records.measurement import Measurement
@@ -66,19 +67,14 @@ def test_a_latency_class_is_decided_on_its_latency_not_its_throughput(seed: int)
     d = r.decisions[0]
     assert d.outcome == "promote" and d.winner is not None
     assert d.winner.worst is not None and 1.15 < d.winner.worst.speedup.value < 1.35
-    lines = deploy_lines([row for row in _rows(r)])
+    lines = deploy_lines(decision_rows(r))
     assert lines == [f"chat: ngram with N=8 at concurrency 1: mean_e2el_ms "
                      f"{1 / d.winner.worst.speedup.value:.2f}x of its value without it "
                      f"(interval [{1 / d.winner.worst.speedup.hi:.2f}, "
                      f"{1 / d.winner.worst.speedup.lo:.2f}]) at the offered rates"]
-    assert decision_lines(_rows(r))[0]["class"] == "chat [latency (mean_e2el_ms)]"
+    assert decision_lines(decision_rows(r))[0]["class"] == "chat [latency (mean_e2el_ms)]"
     flat = analyze(ms, PromoteSpec()).result("chat")
     assert flat.objective == "throughput" and flat.decisions[0].outcome != "promote"
-
-
-def _rows(r):  # noqa: ANN001, ANN202
-    from specflow.decision.wording import decision_rows
-    return decision_rows(r)
 
 
 def test_overload_is_reported_never_scored() -> None:
