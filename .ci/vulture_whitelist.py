@@ -42,6 +42,7 @@ _.p99_e2el_ms
 _._kv_shared_has_no_layers
 _._needs_hub_only_for_hf
 _._one_way
+_._ordered
 _._has_layers
 _._confirm_starts_within_their_most
 _._read_older  # champions/promote.py: reads a schema 1 champion file
@@ -87,3 +88,4 @@ timestamp_field
 # MaterializedWorkload: each request's output length, for people and tests (the dataset file
 # carries it to the bench).
 _.output_lengths
+_.target_load  # read by the report from the decision's settings (analysis.settings)

@@ -1,4 +1,4 @@
-"""Capacity under the SLO: the bracketing search (`specflow.search.capacity`) on simulated servers
+"""Capacity under the SLO: the bracketing search (`specflow.decision.capacity`) on simulated servers
 of known capacity, and on the real CPU engine with the demo's models.
 
 Run: .venv/bin/python bench/capacity.py [--trials 200] [--starts 3] [--engine-starts 3]
@@ -24,7 +24,7 @@ most 8 requests in flight (the engine's max_num_seqs), each window about `--wind
 (rate x that many code prompts, at least 16) answered in `--max-tokens` tokens, the SLO p99
 end-to-end latency <= `--p99-e2el-ms`, counted from each request's arrival (the wait under
 the cap included, `specflow.engine.runner.latency_stats`). Prints
-each start's probes, each config's capacity with its interval and engine starts spent,
+each start's steps, each config's capacity with its interval and engine starts spent,
 `capacity_ratio` (n-gram over baseline) with its interval, and the replicas 20 req/s would need;
 the last line is one JSON object of the figures.
 """
@@ -45,14 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from specflow.config.compose import load_plan
-from specflow.demo import tiny
-from specflow.engine.launcher import vllm_command
-from specflow.engine.loadgen import BenchDriver, bench_env, driver_python
-from specflow.engine.runner import Window, measure_window
-from specflow.engine.server import LocalEngine
-from specflow.search.capacity import (
-    Probe,
+from specflow.decision.capacity import (
     StartCapacity,
+    Step,
     bracket,
     estimate,
     holds,
@@ -60,6 +55,11 @@ from specflow.search.capacity import (
     ratio,
     replicas,
 )
+from specflow.demo import tiny
+from specflow.engine.launcher import vllm_command
+from specflow.engine.loadgen import BenchDriver, bench_env, driver_python
+from specflow.engine.runner import Window, measure_window
+from specflow.engine.server import LocalEngine
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import SloSpec
 from specflow.stats.queueing import backlog, served
@@ -94,31 +94,31 @@ def true_capacity(rng: np.random.Generator, windows: int = 400) -> float:
 
 
 def search(measure: Callable[[float], bool], start: float, floor: float, ceiling: float,
-           max_probes: int = 12) -> tuple[StartCapacity, list[Probe]]:
+           max_steps: int = 12) -> tuple[StartCapacity, list[Step]]:
     """One start's bracketing search; `measure(rate)` runs a window and says if it held."""
-    probes: list[Probe] = []
-    while (rate := next_rate(probes, start, floor=floor, ceiling=ceiling,
-                             max_probes=max_probes)) is not None:
-        probes.append(Probe(rate, measure(rate)))
-    return bracket(probes), probes
+    steps: list[Step] = []
+    while (rate := next_rate(steps, start, floor=floor, ceiling=ceiling,
+                             max_steps=max_steps)) is not None:
+        steps.append(Step(rate, measure(rate)))
+    return bracket(steps), steps
 
 
 def simulated(trials: int, starts: int, seed: int) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     truth = true_capacity(rng)
-    errors, covered, probes = [], 0, []
+    errors, covered, steps = [], 0, []
     for _ in range(trials):
         caps = []
         for _ in range(starts):
             effect = math.exp(rng.normal(0, START_SD))
             cap, ps = search(lambda r, e=effect: sim_holds(r, e, rng), 1.0, 0.05, 64.0)
             caps.append(cap)
-            probes.append(len(ps))
+            steps.append(len(ps))
         est = estimate(caps)
         errors.append(abs(est.value / truth - 1))
         covered += est.lo is not None and est.hi is not None and est.lo <= truth <= est.hi
     return {"true_capacity": truth, "capacity_error_median": float(np.median(errors)),
-            "capacity_coverage": covered / trials, "probes_per_start": float(np.mean(probes)),
+            "capacity_coverage": covered / trials, "steps_per_start": float(np.mean(steps)),
             "trials": trials, "starts": starts}
 
 
@@ -141,7 +141,7 @@ WARMUPS = 4
 """Requests sent before a start's first window."""
 
 
-def _probe(engine: LocalEngine, driver: BenchDriver, ec: EngineConfig, base: Window, out: Path,
+def _step(engine: LocalEngine, driver: BenchDriver, ec: EngineConfig, base: Window, out: Path,
            slo: SloSpec, window_s: float, rate: float) -> bool:
     """One window of a start's search at `rate` on the running engine, about `window_s` long
     (at least 16 requests): whether it held (the first, at the start rate, after the
@@ -180,9 +180,9 @@ def engine_capacity(args: argparse.Namespace, work: Path, models: Path) -> dict[
                 driver.launch()
                 driver.wait_ready()
                 try:
-                    cap, _ = search(partial(_probe, engine, driver, ec, replace(base, start=s),
+                    cap, _ = search(partial(_step, engine, driver, ec, replace(base, start=s),
                                             work / name / f"b{s}", slo, args.window_s),
-                                    START_RATE, 0.25, 128.0, max_probes=2 if args.smoke else 12)
+                                    START_RATE, 0.25, 128.0, max_steps=2 if args.smoke else 12)
                 finally:
                     driver.close()
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
@@ -195,7 +195,8 @@ def engine_capacity(args: argparse.Namespace, work: Path, models: Path) -> dict[
     for name, caps in found.items():
         e = estimate(caps)
         out[f"capacity_{name}"] = {"value": e.value, "lo": e.lo, "hi": e.hi,
-                                   "censored": e.censored, "replicas_for_20rps": replicas(LOAD, e),
+                                   "censored": e.censored,
+                                   "replicas_for_20rps": replicas(LOAD, e.lo),
                                    "per_start": [c.estimate for c in caps]}
     if "ngram-n8" in found:
         r = ratio(found["ngram-n8"], found["baseline"])
@@ -232,7 +233,7 @@ def main() -> int:
     for key, target in TARGETS.items():
         op = "<=" if key == "capacity_error_median" else ">="
         print(f"{key:<28}{sim[key]:>10.3f}{op + ' ' + format(target, 'g'):>10}")
-    print(f"{'probes per start':<28}{sim['probes_per_start']:>10.1f}")
+    print(f"{'steps per start':<28}{sim['steps_per_start']:>10.1f}")
     figures: dict[str, object] = {**sim, "targets_met": {
         "capacity_error_median": sim["capacity_error_median"] <= TARGETS["capacity_error_median"],
         "capacity_coverage": sim["capacity_coverage"] >= TARGETS["capacity_coverage"]}}

@@ -178,11 +178,9 @@ def fan_out(overrides: Sequence[str], units: Sequence[Unit], tags: Sequence[str]
                  run.name)
         return _Submitted(unit, run, attempt)
 
-    finished = ctx.ledger.finished()
-
     def measured(unit: Unit) -> bool:
         ec, windows, _ = steps.unit_of(ctx, unit.kind, unit.key)
-        return ec is None or all(w.key(ec).id in finished for w in windows)
+        return ec is None or not steps.to_measure(ctx, ec, windows)
 
     parent = this_run.get_id() or "local"
     todo = [submit(u, 0) for u in units if not measured(u)]

@@ -41,7 +41,7 @@ LIGHT = (
     # `engine` is heavy wherever it is.
     "tests/config/test_conf.py", "tests/config/test_fuzz.py",
     "tests/decision/", "tests/search/test_predict.py", "tests/search/test_racing.py",
-    "tests/search/test_capacity.py",
+    "tests/decision/test_capacity.py",
     "tests/spec/test_hfcache.py", "tests/workloads/test_generators.py",
     "tests/workloads/test_materialize.py", "tests/workloads/test_render.py",
     "tests/workloads/test_sources.py", "tests/results/test_console.py",

@@ -19,7 +19,7 @@ from specflow.decision.wording import decision_rows
 from specflow.results.console import decision_lines, deploy_lines
 from specflow.results.report import write_report
 from specflow.spec.memory import Fit
-from specflow.spec.schema import PromoteSpec
+from specflow.spec.schema import Objective, PromoteSpec
 from tests.builders import Cand, engine, sweep
 
 GLOSSARY = Path(__file__).parents[1] / "docs" / "glossary.md"
@@ -49,6 +49,7 @@ def test_the_types_carry_the_glossarys_words_and_no_other() -> None:
     assert set(state) - {"exploring", "confirming"} == set(_args(Outcome))
     assert _args(Finding) == _entry("finding")
     assert _args(Fit) == _entry("fit")
+    assert _args(Objective) == _entry("objective") == ("throughput", "latency", "capacity")
     assert _args(typing.get_type_hints(Promotion)["status"]) == _entry("promotion")
     # the champion file says a band's outcome and the class's in the same words
     assert _args(typing.get_type_hints(BandRecord)["outcome"]) == _args(Outcome)

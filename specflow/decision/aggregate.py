@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 from scipy import stats
 
+from specflow.decision.capacity import searches
 from specflow.decision.model import Estimate, PointStats, SlowedWindow
 from specflow.records.measurement import AGAIN, Measurement, WindowKey
 from specflow.spec.schema import PromoteSpec
@@ -39,25 +40,35 @@ def geometric_mean_ci(values: Sequence[float], promote: PromoteSpec, *key: objec
 def score(m: Measurement, promote: PromoteSpec | None = None) -> float:
     """What a window scores for its class's objective, higher is better: output tokens per
     second (throughput), or the inverse of `promote.latency_statistic` (latency: a candidate's
-    score over the baseline's is then the baseline's latency over its own). nan where the
-    window has no such figure. `promote` None: throughput."""
-    if promote is None or promote.objective_for(m.traffic_class) == "throughput":
+    score over the baseline's is then the baseline's latency over its own), or a capacity
+    search's capacity in requests per second (`capacity.searches`; a step of one scores
+    nothing on its own). nan where the window has no such figure. `promote` None: throughput."""
+    objective = "throughput" if promote is None else promote.objective_for(m.traffic_class)
+    if objective == "throughput":
         return m.output_throughput
+    if objective == "capacity":
+        return m.request_rate if m.search_rates and m.request_rate else math.nan
+    assert promote is not None
     ms = m.latency_ms.get(promote.latency_statistic)
     return 1000.0 / ms if ms is not None and math.isfinite(ms) and ms > 0 else math.nan
 
 
 def objective_label(promote: PromoteSpec, traffic_class: str) -> str:
-    """The objective a class is decided for, in words: `throughput`, or `latency (mean_tpot_ms)`
-    with the statistic estimated."""
+    """The objective a class is decided for, in words: `throughput`, `latency (mean_tpot_ms)`
+    with the statistic estimated, or `capacity (p99_tpot_ms <= 50)` with the SLOs held
+    (`capacity (no overload)` without one)."""
     objective = promote.objective_for(traffic_class)
+    if objective == "capacity":
+        bounds = [f"{k} <= {v:g}" for k, v in promote.capacity_slo.model_dump().items()
+                  if v is not None]
+        return f"capacity ({', '.join(bounds) or 'no overload'})"
     return objective if objective == "throughput" else \
         f"{objective} ({promote.latency_statistic})"
 
 
 def label_statistic(label: str) -> str:
-    """The statistic an `objective_label` names (`mean_tpot_ms` of `latency (mean_tpot_ms)`);
-    "" for throughput."""
+    """The statistic an `objective_label` names (`mean_tpot_ms` of `latency (mean_tpot_ms)`,
+    the SLOs of a capacity); "" for throughput."""
     return label.partition("(")[2].rstrip(")")
 
 
@@ -71,8 +82,9 @@ def _exclusion(m: Measurement, promote: PromoteSpec | None = None) -> str | None
         return "overload"
     value = score(m, promote)
     if not (math.isfinite(value) and value > 0):
-        return "no_throughput" if promote is None or \
-            promote.objective_for(m.traffic_class) == "throughput" else "no_latency"
+        objective = "throughput" if promote is None else promote.objective_for(m.traffic_class)
+        return {"throughput": "no_throughput", "latency": "no_latency"}.get(objective,
+                                                                           "no_capacity")
     return None
 
 
@@ -87,8 +99,9 @@ def usable_starts(measurements: Iterable[Measurement], promote: PromoteSpec | No
 
 def screened_starts(measurements: Iterable[Measurement], promote: PromoteSpec | None = None
                     ) -> tuple[dict[tuple[str, int], list[StartWindows]], list[SlowedWindow]]:
-    """`usable_starts`, and the windows it left out as slowed by outside load, per point."""
-    ms = [m for m in measurements if _exclusion(m, promote) is None]
+    """`usable_starts`, and the windows it left out as slowed by outside load, per point (a
+    capacity search is one record, `capacity.searches`)."""
+    ms = [m for m in searches(measurements, promote) if _exclusion(m, promote) is None]
     names = {m.key.engine_hash: m.engine for m in ms}
     blocks = starts_by_point(
         (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start, m.key.repeat, m.seq,
@@ -110,17 +123,19 @@ def to_measure_again(measurements: Iterable[Measurement], engine_hash: str, star
     """(workload, concurrency, repeat) of each window of one engine start that outside load
     slowed (`screened_starts` over the sweep's records) and that was not measured again yet: the
     start measures each once more before its engine stops (repeat + `AGAIN`), never twice."""
-    _, slowed = screened_starts(measurements, promote)
+    ms = list(measurements)
+    searched = {m.key.workload for m in searches(ms, promote) if m.search_rates}
+    _, slowed = screened_starts(ms, promote)
     return [(s.workload, s.concurrency, s.repeat) for s in slowed
             if s.engine_hash == engine_hash and s.start == start and s.again is None
-            and s.repeat < AGAIN]
+            and s.repeat < AGAIN and s.workload not in searched]
 
 
 def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: str = "open"
               ) -> list[PointStats]:
     """Group windows by engine x workload x concurrency; summarise usable ones, count the rest."""
     groups: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
-    for m in measurements:
+    for m in searches(measurements, promote):
         groups[(m.key.engine_hash, m.key.workload, m.key.concurrency)].append(m)
     out = []
     for (engine_hash, workload, concurrency), ms in sorted(groups.items()):

@@ -495,7 +495,19 @@ def _decide_class(staged: _ClassVerdicts,
                                              promote.tie_tolerance)
     return ClassResult(inputs.traffic_class, staged.bands, tuple(decisions), deployment,
                        inputs.drift, tuple([*staged.notes, *dep_notes]),
-                       objective_label(promote, inputs.traffic_class))
+                       objective_label(promote, inputs.traffic_class), _capacities(inputs))
+
+
+def _capacities(inputs: _BandInputs) -> tuple[tuple[str, Estimate], ...]:
+    """Each engine's capacity at its lowest point (a class decided on capacity; else none)."""
+    if inputs.promote.objective_for(inputs.traffic_class) != "capacity":
+        return ()
+    out = []
+    for pts in (inputs.baseline_points, *inputs.candidates.values()):
+        found = [p.throughput for p in pts if p.throughput is not None]
+        if found:
+            out.append((pts[0].engine_hash, min(found, key=lambda e: e.value)))
+    return tuple(out)
 
 
 def _placed(opening: list[Measurement], closing: list[Measurement]

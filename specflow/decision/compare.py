@@ -38,8 +38,9 @@ from pydantic import computed_field
 from scipy import stats
 
 from specflow.decision.aggregate import usable_starts
+from specflow.decision.capacity import searches
 from specflow.records.measurement import Measurement
-from specflow.spec.schema import PromoteSpec
+from specflow.spec.schema import CapacitySpec, PromoteSpec
 from specflow.stats.critical import t_value
 from specflow.stats.multiplicity import holm
 from specflow.stats.replicates import StartWindows, contrast, start_noise
@@ -270,12 +271,18 @@ def _usable(m: Measurement) -> bool:
 
 def _scoring(measured: Mapping[str, Any]) -> PromoteSpec | None:
     """What the speedups are scored on: the latency statistic for the classes the sweep decided
-    on latency (its measured settings name them), throughput for the others."""
-    latency = (measured or {}).get("latency")
-    if not latency:
+    on latency, the capacity for those it decided on capacity (its measured settings name them,
+    with the statistic or the search), throughput for the others."""
+    latency = (measured or {}).get("latency") or {}
+    searched = dict((measured or {}).get("capacity") or {})
+    if not latency and not searched:
         return None
-    return PromoteSpec(objectives=dict.fromkeys(latency["classes"], "latency"),
-                       latency_statistic=latency["statistic"])
+    classes = searched.pop("classes", [])
+    return PromoteSpec(objectives={**dict.fromkeys(latency.get("classes", []), "latency"),
+                                   **dict.fromkeys(classes, "capacity")},
+                       latency_statistic=latency.get("statistic", "mean_tpot_ms"),
+                       capacity=CapacitySpec.model_validate(searched) if classes else
+                       CapacitySpec())
 
 
 def _by_start(ms: Sequence[Measurement], repeats: int | None) -> list[Measurement]:
@@ -292,7 +299,7 @@ def _by_start(ms: Sequence[Measurement], repeats: int | None) -> list[Measuremen
     for m in ms:
         if m.seq >= 0:
             m = replace(m, key=replace(m.key, start=sorted(seqs[m.key.engine_hash]).index(m.seq)))
-        elif repeats and m.method == "none" and m.key.repeat >= repeats:
+        elif repeats and m.method == "none" and m.key.planned.repeat >= repeats:
             m = replace(m, key=replace(m.key, start=m.key.start + 1), seq=last + 1)
         out.append(m)
     return out
@@ -388,9 +395,10 @@ def compare(a: SweepSide, b: SweepSide, *, confidence: float = 0.95, tolerance: 
     `tolerance`: the smallest relative change (ratios) or absolute change (acceptance at a
     position) that counts as a regression or an improvement."""
     changed = workload_changes(a, b)
-    ua = _by_start([m for m in a.measurements if _usable(m)], a.repeats)
-    ub = _by_start([m for m in b.measurements if _usable(m)], b.repeats)
     scoring = _scoring(b.measured or a.measured)
+    # a capacity search is one record (its steps, overloaded or not, are what it found)
+    ua = _by_start([m for m in searches(a.measurements, scoring) if _usable(m)], a.repeats)
+    ub = _by_start([m for m in searches(b.measurements, scoring) if _usable(m)], b.repeats)
     names_a = {m.key.engine_hash: m.engine for m in ua}
     names_b = {m.key.engine_hash: m.engine for m in ub}
     base_a = next((m.key.engine_hash for m in ua if m.method == "none"), None)

@@ -376,6 +376,13 @@ class ClassResult:
     notes: tuple[str, ...] = ()
     objective: str = "throughput"
     """What the class was decided for (`objective_label`): its speedups are gains in it."""
+    capacities: tuple[tuple[str, Estimate], ...] = ()
+    """A class decided on capacity: each engine's capacity (requests per second, geometric
+    mean over its searches with its interval) at its lowest point, by engine hash."""
+
+    def capacity(self, engine_hash: str) -> Estimate | None:
+        """An engine's capacity (`capacities`), None where none was found."""
+        return dict(self.capacities).get(engine_hash)
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
                 "worst_point": f"{v.worst.workload} c={v.worst.concurrency}" if v.worst else None,
                 "quality": q.summary if q else None,
                 "acceptance_rate": v.acceptance_rate,
+                **_capacity(result, v.engine_hash),
                 "why": v.ruled_out if v.verdict == "ruled out"
                 else "; ".join(str(r) for r in v.rejected) or v.note,
             })
@@ -138,7 +139,18 @@ def decision_rows(result: ClassResult) -> list[dict[str, Any]]:
             "engine_hash": result.deployment.baseline_hash, "method": BASELINE_METHOD, "N": 0,
             "verdict": {"off": "wins", "unresolved": "open"}.get(d.outcome, "ruled out"),
             "speedup": 1.0, "lo": 1.0, "hi": 1.0, "worst_point": None, "quality": None,
-            "acceptance_rate": None,
+            "acceptance_rate": None, **_capacity(result, result.deployment.baseline_hash),
             "why": "; ".join(d.reasons) if d.winner is None else "a candidate passed every gate",
         })
     return rows
+
+
+def _capacity(result: ClassResult, engine_hash: str) -> dict[str, Any]:
+    """A capacity class's row: the engine's capacity and the baseline's, [value, lo, hi] in
+    requests per second (none where fewer than two searches found one); nothing for other
+    objectives."""
+    if not result.capacities:
+        return {}
+    mine, base = result.capacity(engine_hash), result.capacity(result.deployment.baseline_hash)
+    return {"capacity": [mine.value, mine.lo, mine.hi] if mine else None,
+            "baseline_capacity": [base.value, base.lo, base.hi] if base else None}

@@ -657,24 +657,29 @@ class _EngineRecord:
         self.write(**extra, survivors=self.engine.stop())
 
 
+Again = Callable[[Sequence[Measurement]], Sequence[Window]]
+"""What a start measures after its planned windows (see `run_engine`)."""
+
+
 def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, windows: Sequence[Window],
                workdir: Path, *, load_generator: LoadGeneratorKind = "driver",
                skip: Collection[str] = (), tokenizer: str | None = None,
-               again: Callable[[Sequence[Measurement]], Sequence[Window]] | None = None
-               ) -> Iterator[Measurement]:
+               again: Again | None = None) -> Iterator[Measurement]:
     """Start one engine for `ec`, measure every window on it, stop it; yields per window.
 
     Windows whose WindowKey id is in `skip` (finished earlier) are not run, and an engine with
     nothing left to run is not started. A failed start fails every window with the reason and
     log tail; an engine that dies mid-run is stopped (its whole process group, checked by PID)
     before its failure is yielded, and the windows after it are recorded as `engine_down`.
-    `again`: called once, after every window measured (and consumed by the caller), with this
+    `again`: called after every window measured (and consumed by the caller) with this
     start's measurements; the windows it returns are measured on the same engine before it
-    stops (windows that outside load slowed, measured once more).
+    stops (windows that outside load slowed, measured once more; a capacity search's next
+    rate), and it is called again after them until it returns none new (a window is measured
+    once per call of this function).
     """
     if isinstance(backend, EndpointBackend):
         yield from run_endpoint(ec, backend, windows, workdir, load_generator=load_generator,
-                                skip=skip, tokenizer=tokenizer)
+                                skip=skip, tokenizer=tokenizer, again=again)
         return
     todo = [w for w in windows if w.key(ec).id not in skip]
     if not todo:
@@ -697,10 +702,7 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
             return
         record.write()
         measured: list[Measurement] = []
-        for batch in (todo, None):
-            if batch is None:  # the planned windows are done: those to measure once more
-                batch = [replace(w, warmup_requests=0)  # the engine is warm at every level
-                         for w in (again(measured) if again is not None else ())]
+        for batch in _batches(ec, todo, again, measured):
             for done, (m, down) in enumerate(
                     _windows(engine, gen, ec, batch, workdir, backend.request_timeout_s), 1):
                 m = _with_artifacts(m, record.path)
@@ -719,14 +721,30 @@ def run_engine(ec: EngineConfig, backend: LocalBackend | EndpointBackend, window
             record.write(survivors=engine.stop())
 
 
+def _batches(ec: EngineConfig, todo: Sequence[Window], again: Again | None,
+             measured: Sequence[Measurement]) -> Iterator[Sequence[Window]]:
+    """The planned windows, then what `again` returns while it returns windows not measured yet
+    (read after each batch is consumed: `measured` is the caller's list of this start's
+    windows). The engine is warm at every level by then: no warm-up."""
+    yield todo
+    seen = {w.key(ec).id for w in todo}
+    while again is not None:
+        batch = [replace(w, warmup_requests=0) for w in again(measured)
+                 if w.key(ec).id not in seen]
+        if not batch:
+            return
+        seen.update(w.key(ec).id for w in batch)
+        yield batch
+
+
 def _with_artifacts(m: Measurement, record_path: Path) -> Measurement:
     return replace(m, artifacts={**m.artifacts, "engine_record": str(record_path)})
 
 
 def run_endpoint(ec: EngineConfig, backend: EndpointBackend, windows: Sequence[Window],
                  workdir: Path, *, load_generator: LoadGeneratorKind = "driver",
-                 skip: Collection[str] = (), tokenizer: str | None = None
-                 ) -> Iterator[Measurement]:
+                 skip: Collection[str] = (), tokenizer: str | None = None,
+                 again: Again | None = None) -> Iterator[Measurement]:
     """Measure a server specflow did not start (no lifecycle); `ec` describes what it serves.
 
     The API key is read from the environment variable `backend.api_key_env` and reaches the
@@ -754,11 +772,15 @@ def run_endpoint(ec: EngineConfig, backend: EndpointBackend, windows: Sequence[W
             except LoadGeneratorError as exc:
                 yield from (_failed(ec, w, "bench_failed", f"{exc}\n{tail(log)}") for w in todo)
                 return
-        for done, (m, down) in enumerate(
-                _windows(server, gen, ec, todo, workdir, backend.request_timeout_s), 1):
-            yield m
-            if down is not None:
-                yield from _not_run(ec, todo[done:], f"not run: the endpoint stopped serving "
-                                    f"at window {m.key.id} ({down.kind})")
+        measured: list[Measurement] = []
+        for batch in _batches(ec, todo, again, measured):
+            for done, (m, down) in enumerate(
+                    _windows(server, gen, ec, batch, workdir, backend.request_timeout_s), 1):
+                yield m
+                if down is not None:
+                    yield from _not_run(ec, batch[done:], f"not run: the endpoint stopped "
+                                        f"serving at window {m.key.id} ({down.kind})")
+                    return
+                measured.append(m)
     finally:
         release(gen)

@@ -6,7 +6,7 @@ validates one read back from JSON and serialises it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, with_config
@@ -19,6 +19,10 @@ LATENCY_STATS = ("mean", "median", "p50", "p90", "p99")
 
 AGAIN = 1000
 """Added to a slowed window's repeat to number the window measured again in its place."""
+STEP = 10_000
+"""A capacity search's step k (k >= 1) is numbered repeat + k x STEP: the search is its
+planned window's repeat, each later rate it offers a window of its own
+(`specflow.decision.capacity`)."""
 
 _RECORD = ConfigDict(extra="forbid")
 """A record read back has exactly its fields (a stray key makes it unreadable, not ignored)."""
@@ -37,7 +41,8 @@ class WindowKey:
     """Max in-flight requests."""
     repeat: int
     """Repeat index within the engine start, from 0; a window measured again on the same start
-    in place of one that outside load slowed is numbered `AGAIN` + the slowed one's."""
+    in place of one that outside load slowed is numbered `AGAIN` + the slowed one's; a capacity
+    search's later steps `STEP` x k + the search's."""
     start: Annotated[int, Field(validation_alias=AliasChoices("start", "block"))] = 0
     """Which engine start of this config (0 = its first); the replicate unit. Read from
     `block` too, the key's name in older ledgers."""
@@ -47,6 +52,17 @@ class WindowKey:
         """The window's identity in the ledger and MLflow (`/b<n>` marks a later start)."""
         suffix = f"/b{self.start}" if self.start else ""
         return f"{self.engine_hash}{suffix}/{self.workload}/c{self.concurrency}/r{self.repeat}"
+
+    @property
+    def planned(self) -> WindowKey:
+        """The planned window this one belongs to: itself, or the first window of the capacity
+        search it is a later step of."""
+        return self if self.repeat < STEP else replace(self, repeat=self.repeat % STEP)
+
+    @property
+    def step(self) -> int:
+        """Which step of its capacity search the window is (0: the planned window)."""
+        return self.repeat // STEP
 
 
 @with_config(_RECORD)
@@ -165,6 +181,10 @@ class Measurement:
     overload: bool = False
     """Open loop: the backlog kept growing (the server did not keep up with the offered rate);
     reported, never scored."""
+    search_rates: tuple[float, ...] = ()
+    """A capacity search summarised for the decision (`specflow.decision.capacity.searches`;
+    never recorded): the rates its windows offered, in order; `request_rate` is then the
+    capacity it found. Empty for a measured window, as every ledger record has it."""
 
     @property
     def ok(self) -> bool:

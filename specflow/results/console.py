@@ -13,7 +13,7 @@ from rich.table import Table
 
 from specflow.decision.aggregate import label_statistic
 from specflow.decision.model import BASELINE_METHOD
-from specflow.records.measurement import AGAIN, Measurement
+from specflow.records.measurement import AGAIN, STEP, Measurement
 from specflow.records.summaries import SweepSummary
 from specflow.search.rounds import SearchState
 from specflow.spec.memory import Headroom
@@ -25,9 +25,15 @@ def window_line(m: Measurement) -> str:
     acc = f", acceptance {m.acceptance_rate:.2f}" if m.acceptance_rate is not None else ""
     start = f" b{m.key.start}" if m.key.start else ""
     again = (f" (measured again: r{m.key.repeat - AGAIN} was slowed by outside load)"
-             if m.key.repeat >= AGAIN else "")
-    return (f"{m.engine} {m.key.workload} c{m.key.concurrency}{start} r{m.key.repeat}: {state}, "
+             if AGAIN <= m.key.repeat < STEP else "")
+    return (f"{m.engine} {m.key.workload} c{m.key.concurrency}{start} {_repeat(m)}: {state}, "
             f"{m.output_throughput:.1f} tok/s{_open_loop(m)}{acc}{again}")
+
+
+def _repeat(m: Measurement) -> str:
+    """`r1`, or for a capacity search's later window `r1 step 3`."""
+    k = m.key
+    return f"r{k.planned.repeat} step {k.step}" if k.step else f"r{k.repeat}"
 
 
 def _open_loop(m: Measurement) -> str:
@@ -35,10 +41,11 @@ def _open_loop(m: Measurement) -> str:
     if m.request_rate is None or not m.ok:
         return ""
     if m.overload:
-        return (f", OVERLOAD at {m.request_rate:g} req/s (the queue grew by "
+        return (f", OVERLOAD at {m.request_rate:.3g} req/s (the queue grew by "
                 f"{m.backlog_growth or 0:.0%} of the offered rate)")
-    e2el = m.latency_ms.get("mean_e2el_ms")
-    return f", mean e2el {e2el:.0f} ms" if e2el is not None else ""
+    e2el = [f"{s} e2el {v:.0f} ms" for s in ("mean", "p99")
+            if (v := m.latency_ms.get(f"{s}_e2el_ms")) is not None]
+    return f" at {m.request_rate:.3g} req/s" + "".join(f", {x}" for x in e2el)
 
 
 def _clock(seconds: float) -> str:
@@ -95,7 +102,7 @@ class SweepProgress:
             start = f"b{m.key.start} " if m.key.start else ""
             self._bar.update(self._task, advance=1, last=(
                 f"{escape(m.engine)} {escape(m.key.workload)} c{m.key.concurrency} {start}"
-                f"r{m.key.repeat}: {state} {m.output_throughput:.1f} tok/s"
+                f"{_repeat(m)}: {state} {m.output_throughput:.1f} tok/s"
                 f"{escape(_open_loop(m))}{extra}"))
             return
         start = (m.seq, m.key.engine_hash)
@@ -168,9 +175,22 @@ def _gain(row: Mapping[str, Any]) -> str:
     if objective == "throughput":
         return (f"{row['speedup']:.2f}x the throughput without it (interval "
                 f"[{row['lo']:.2f}, {row['hi']:.2f}])")
+    if objective.startswith("capacity"):
+        slo = label_statistic(objective)
+        mine, base = row.get("capacity"), row.get("baseline_capacity")
+        took = (f"one replica takes {_rate(mine)} req/s within {slo}; without it "
+                f"{_rate(base)}: " if mine and base else f"within {slo}: ")
+        return (f"{took}{row['speedup']:.2f}x the requests per replica (interval "
+                f"[{row['lo']:.2f}, {row['hi']:.2f}])")
     stat = label_statistic(objective)
     return (f"{stat} {1 / row['speedup']:.2f}x of its value without it (interval "
             f"[{1 / row['hi']:.2f}, {1 / row['lo']:.2f}]) at the offered rates")
+
+
+def _rate(capacity: Sequence[float]) -> str:
+    """A capacity [value, lo, hi] in req/s: `11.2 [10.1, 12.0]`."""
+    value, lo, hi = capacity
+    return f"{value:.3g} [{lo:.3g}, {hi:.3g}]"
 
 
 def deploy_lines(rows: Sequence[Mapping[str, Any]],

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
 from specflow.decision.aggregate import label_statistic
+from specflow.decision.capacity import replicas
 from specflow.decision.model import Analysis, ClassResult, Estimate, PointSpeedup, PointStats
 from specflow.decision.requests import LevelRequests, agreement, analyze_requests
 from specflow.decision.services import ServiceRouting
@@ -398,6 +399,8 @@ def _latency_table(r: ClassResult, analysis: Analysis) -> list[str]:
     left out as overload."""
     if r.objective == "throughput":
         return []
+    if r.capacities or r.objective.startswith("capacity"):
+        return _capacity_table(r, analysis)
     stat = label_statistic(r.objective)
     pts = sorted((p for p in analysis.points if p.traffic_class == r.traffic_class),
                  key=lambda p: (not p.is_baseline, p.engine, p.request_rate or 0.0,
@@ -417,11 +420,37 @@ def _latency_table(r: ClassResult, analysis: Analysis) -> list[str]:
     return lines
 
 
+def _capacity_table(r: ClassResult, analysis: Analysis) -> list[str]:
+    """A capacity class's capacity per engine and point: the geometric mean over its searches
+    with its interval, the searches that found one, the windows they took, and the replicas
+    the stated target load needs at the lower bound."""
+    load = (analysis.settings.get("capacity") or {}).get("target_load")
+    pts = sorted((p for p in analysis.points if p.traffic_class == r.traffic_class),
+                 key=lambda p: (not p.is_baseline, p.engine, p.workload, p.concurrency))
+    head = f" replicas for {load:g} req/s |" if load else ""
+    lines = ["", "### Capacity within the SLOs", "",
+             f"| engine | workload | in flight at most | capacity req/s [CI] | searches found |"
+             f"{head}", "|---|---|---|---|---|" + "---|" * bool(load)]
+    for p in pts:
+        t = p.throughput
+        est = "-" if t is None else f"{t.value:.3g} [{t.lo:.3g}, {t.hi:.3g}]"
+        need = ""
+        if load:
+            need = f" {replicas(load, t.lo) if t is not None else '-'} |"
+        lines.append(f"| {p.engine} | {p.workload} | {p.concurrency} | {est} | "
+                     f"{p.n_ok} of {p.n_ok + p.n_failed} |{need}")
+    return lines
+
+
 def _class_section(r: ClassResult, analysis: Analysis, plots: Sequence[Path], base: Path,
                    requests: Sequence[LevelRequests] = ()) -> list[str]:
     dep = r.deployment
     lines = [f"## Traffic class `{r.traffic_class}`", ""]
-    if r.objective != "throughput":
+    if r.objective.startswith("capacity"):
+        lines += [f"Decided for {r.objective}: each speedup is the candidate's capacity (the "
+                  "highest request rate one engine takes within the SLOs, found by a search "
+                  "over offered rates, one per planned window) over the baseline's.", ""]
+    elif r.objective != "throughput":
         lines += [f"Decided for {r.objective}: each speedup is the baseline's "
                   f"{label_statistic(r.objective)} over the candidate's, at the "
                   "offered request rates (open loop); overloaded windows are reported, never "

@@ -7,7 +7,7 @@ and its hash, headroom, materialising, the decision) sees plain workloads with a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
@@ -68,7 +68,9 @@ def expand(spec: Spec) -> Spec:
     problems += objective_problems(spec, workloads, split_of)
     if problems:
         raise SpecError(problems)
-    workloads, problems = by_rate(workloads, split_of, read)
+    searched = {w.traffic_class or n for n, w in workloads.items()
+                if spec.promote.objective_for(w.traffic_class or n) == "capacity"}
+    workloads, problems = by_rate(workloads, split_of, read, searched)
     if problems:
         raise SpecError(problems)
     if workloads == spec.workload:
@@ -82,13 +84,15 @@ def rate_name(workload: str, rate: float) -> str:
 
 
 def by_rate(workloads: Mapping[str, WorkloadSpec], split_of: Mapping[str, str] | None = None,
-            read: dict[str, Trace] | None = None
+            read: dict[str, Trace] | None = None, searched: Collection[str] = ()
             ) -> tuple[dict[str, WorkloadSpec], list[Problem]]:
     """Each open-loop workload as one workload per offered rate (`rate_name`, or
     `<name>@<speed>x` for multiples of a trace's own rate), in its place, with its rate and
-    burstiness stated; closed-loop workloads as they are. `split_of`: a split trace's class
-    workloads, by the name of the workload they came from (for problems' paths); `read`: the
-    traces already read (`_read_key`; each is read once)."""
+    burstiness stated; closed-loop workloads as they are. A workload of a class in `searched`
+    (decided on capacity) is one point, `<name>@capacity`, whose rate is where its search
+    starts. `split_of`: a split trace's class workloads, by the name of the workload they came
+    from (for problems' paths); `read`: the traces already read (`_read_key`; each is read
+    once)."""
     out: dict[str, WorkloadSpec] = {}
     problems: list[Problem] = []
     read = {} if read is None else read
@@ -108,6 +112,8 @@ def by_rate(workloads: Mapping[str, WorkloadSpec], split_of: Mapping[str, str] |
             rate, shape = fitted
             points = [(f"{name}@{s:g}x", round(rate * s, SHARE_DIGITS), a.burstiness or shape)
                       for s in dict.fromkeys(a.trace_speed)]
+        if (w.traffic_class or name) in searched:  # one search, from the (first) rate
+            points = [(f"{name}@capacity", *points[0][1:])]
         for point, r, b in points:
             out[point] = w.model_copy(update={"arrival": a.model_copy(update={
                 "request_rate": [r], "trace_speed": [], "burstiness": b})})
@@ -148,40 +154,47 @@ def objective_problems(spec: Spec, workloads: Mapping[str, WorkloadSpec],
     out = [Problem(f"promote.objectives.{c}", "no workload is of this traffic class", c,
                    one_of(classes), did_you_mean(c, classes))
            for c in spec.promote.objectives if c not in classes]
-    closed: dict[str, list[str]] = {}  # a field: the latency classes it leaves closed loop
+    closed: dict[str, list[tuple[str, str]]] = {}  # a field: the classes it leaves closed
     opened: dict[str, tuple[list[str], WorkloadSpec]] = {}  # ... throughput classes it opens
     for name, w in workloads.items():
         cls = w.traffic_class or name
         objective = spec.promote.objective_for(cls)
         where = f"workload.{split_of.get(name, name)}.arrival"
-        if objective == "latency" and w.arrival is None:
+        if objective != "throughput" and w.arrival is None:
             if isinstance(w.source, MixSource) and name in spec.service:
                 out.append(Problem(f"promote.objectives.{cls}", "a service's windows mix its "
-                                   "classes in one closed loop; latency is measured at "
+                                   f"classes in one closed loop; {objective} is measured at "
                                    "offered rates", objective, "throughput for a service"))
             else:
-                closed.setdefault(where, []).append(cls)
+                closed.setdefault(where, []).append((cls, objective))
+        elif objective == "capacity" and w.arrival is not None and \
+                len(w.arrival.request_rate or w.arrival.trace_speed) > 1:
+            out.append(Problem(where, "a capacity search starts from one rate and finds the "
+                               "others itself", w.arrival.request_rate
+                               or {"trace_speed": w.arrival.trace_speed},
+                               "one rate: request_rate: [req/s] (or trace_speed: [multiple])"))
         elif objective == "throughput" and w.arrival is not None:
             opened.setdefault(where, ([], w))[0].append(cls)
     for where, cs in closed.items():  # a split trace's classes: one problem
+        objectives = " or ".join(sorted({o for _, o in cs}))
         out.append(Problem(where, f"traffic class{'es' * (len(cs) > 1)} "
-                           f"{', '.join(repr(c) for c in cs)} decided on latency, which is "
-                           "measured at offered request rates", None,
+                           f"{', '.join(repr(c) for c, _ in cs)} decided on {objectives}, "
+                           "which is measured at offered request rates", None,
                            "arrival: {request_rate: [...]} (a trace: or {trace_speed: [...]}), "
-                           f"or promote.objectives.{cs[0]}: throughput"))
-    for where, (cs, w) in opened.items():
+                           f"or promote.objectives.{cs[0][0]}: throughput"))
+    for where, (throughput, w) in opened.items():
         a = w.arrival
         assert a is not None
         out.append(Problem(where, "an open-loop workload's throughput is the rate it is "
                            "offered, not what the server can do",
                            a.request_rate or {"trace_speed": a.trace_speed},
-                           f"promote.objectives.{cs[0]}: latency, or arrival: null "
+                           f"promote.objectives.{throughput[0]}: latency, or arrival: null "
                            "(closed loop)"))
-    if spec.sweep.design == "race" and spec.sweep.search == "adaptive" and any(
-            spec.promote.objective_for(c) != "throughput" for c in classes):
+    other = sorted({o for c in classes if (o := spec.promote.objective_for(c)) != "throughput"})
+    if spec.sweep.design == "race" and spec.sweep.search == "adaptive" and other:
         out.append(Problem("sweep.search", "adaptive search predicts throughput from "
-                           "acceptance, and a class here is decided on latency", "adaptive",
-                           "exhaustive"))
+                           f"acceptance, and a class here is decided on {' and '.join(other)}",
+                           "adaptive", "exhaustive"))
     return out
 
 

@@ -650,12 +650,45 @@ class QualitySpec(_Model):
     (opening and closing) and test the candidate against it; false takes it as 0, exactly."""
 
 
-Objective = Literal["throughput", "latency"]
+Objective = Literal["throughput", "latency", "capacity"]
 """What a traffic class is decided for (see PromoteSpec.objective)."""
 LatencyStatistic = Literal["mean_tpot_ms", "median_tpot_ms", "mean_e2el_ms", "median_e2el_ms",
                            "mean_ttft_ms", "median_ttft_ms", "mean_itl_ms", "median_itl_ms"]
 """The latency statistics a latency objective may estimate: a window's mean or median (a p99
 of one window is too noisy to estimate; it stays a gate, `promote.slo`)."""
+
+
+class CapacitySpec(_Model):
+    """How a capacity class's search runs (`promote.objective: capacity`): per engine start and
+    search, from the rate its workload's `arrival` states, the offered rate doubles while the
+    SLOs hold (halves while they do not) until a rate that holds and one that does not bracket
+    the capacity, then the bracket is halved geometrically until it is narrower than
+    `resolution`; the search's capacity is the bracket's geometric midpoint."""
+
+    slo: SloSpec | None = None
+    """The SLOs the capacity is taken under (p99 bounds, counted from each request's arrival);
+    null: `promote.slo`. With no bound set anywhere, a rate holds while every request completes
+    and the queue does not grow (no overload)."""
+    floor: float = Field(default=0.01, gt=0, le=1_000_000)
+    """The lowest rate offered (requests per second): a search that fails there reports no
+    capacity (the point fails)."""
+    ceiling: float = Field(default=1000.0, gt=0, le=1_000_000)
+    """The highest rate offered: a search that holds there reports the ceiling (a lower bound)."""
+    resolution: float = Field(default=0.1, gt=0, le=10)
+    """The search ends when its bracket's high / low is at most 1 + resolution."""
+    max_steps: int = Field(default=10, ge=2, le=40)
+    """Most windows per search (each step is one window at one rate)."""
+    target_load: float | None = Field(default=None, gt=0, le=1_000_000_000)
+    """A load to serve (requests per second): the report counts the replicas each engine needs
+    for it, at its capacity's lower bound."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CapacitySpec:
+        if self.floor >= self.ceiling:
+            raise ProblemError(Problem(
+                "floor", "the lowest rate offered must be below the highest",
+                {"floor": self.floor, "ceiling": self.ceiling}, "floor < ceiling"))
+        return self
 
 
 class PromoteSpec(_Model):
@@ -665,7 +698,10 @@ class PromoteSpec(_Model):
     """What every class is decided for unless `objectives` names it: `throughput` (output
     tokens per second with each concurrency level kept full: a batch pool) or `latency`
     (`latency_statistic` at the offered request rates of open-loop workloads, lower is better:
-    an interactive service; the class's workloads need `arrival`)."""
+    an interactive service; the class's workloads need `arrival`) or `capacity` (the highest
+    request rate one engine takes while the SLOs hold, found by a search over offered rates
+    from the one its workload's `arrival` states: what a platform sizes replicas by; see
+    `capacity`)."""
     objectives: dict[Annotated[str, Field(pattern=CLASS_NAME)], Objective] = Field(
         default_factory=dict)
     """The objective of a traffic class (or service) by name, where it differs from
@@ -674,9 +710,17 @@ class PromoteSpec(_Model):
     """The statistic a latency objective estimates, per window as vLLM's bench reports it; the
     estimate is its ratio, baseline over candidate (a gain: 1.25 is 20% lower latency)."""
 
+    capacity: CapacitySpec = Field(default_factory=lambda: CapacitySpec())
+    """The capacity search (classes decided on capacity)."""
+
     def objective_for(self, traffic_class: str) -> Objective:
         """The objective `traffic_class` is decided for."""
         return self.objectives.get(traffic_class, self.objective)
+
+    @property
+    def capacity_slo(self) -> SloSpec:
+        """The SLOs a capacity is taken under."""
+        return self.capacity.slo or self.slo
 
     margin: float = Field(default=0.05, ge=0.0, le=10.0)
     """The lower confidence bound of speedup must exceed 1 + margin."""

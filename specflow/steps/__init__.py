@@ -27,12 +27,13 @@ from specflow.steps.measure import (
     run_closing_baseline,
     run_start,
     run_unit,
+    to_measure,
     unit_of,
 )
 from specflow.steps.soak import SoakResult, run_soak
 
 __all__ = [
-    "UNIT_KINDS", "Context", "DevicesShort", "give_up", "run_unit",
+    "UNIT_KINDS", "Context", "DevicesShort", "give_up", "run_unit", "to_measure",
     "unit_of", "OnWindow", "OnRound", "Decided", "decide", "headroom_reports",
     "measure", "measurements", "missing", "open_sweep", "outcome_summary",
     "log_round", "progress", "run_closing_baseline", "run_start", "SoakResult", "run_soak",

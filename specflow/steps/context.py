@@ -269,8 +269,9 @@ def measured_settings(spec: Spec) -> dict[str, Any]:
     """Besides the plan, what changes what a window measures (part of the sweep's identity):
     the workloads (prompts, output lengths, sources), the warm-up, the design, the search
     (named only when adaptive: an exhaustive search keeps the identity of a sweep without one)
-    and the classes decided on latency with the statistic (named only where there is one, for
-    the same reason), which `compare` scores their speedups on."""
+    and the classes decided on latency with the statistic, or on capacity with the search and
+    its SLOs (each named only where there is one, for the same reason), which `compare` scores
+    their speedups on."""
     out = {"workload": {k: w.model_dump(mode="json") for k, w in spec.workload.items()},
            "warmup_requests": spec.sweep.warmup_requests,
            "warmup_scope": "first window per level", "design": spec.sweep.design}
@@ -280,6 +281,12 @@ def measured_settings(spec: Spec) -> dict[str, Any]:
                       and spec.promote.objective_for(c) == "latency"})
     if latency:
         out["latency"] = {"classes": latency, "statistic": spec.promote.latency_statistic}
+    searched = sorted({c for w in spec.workload.values() if (c := w.traffic_class)
+                       and spec.promote.objective_for(c) == "capacity"})
+    if searched:
+        out["capacity"] = {"classes": searched, **spec.promote.capacity.model_dump(
+            mode="json", exclude={"target_load", "slo"}),
+            "slo": spec.promote.capacity_slo.model_dump(mode="json")}
     return out
 
 

@@ -84,7 +84,8 @@ def _grid(ctx: Context) -> Analysis:
     base = ctx.baseline()
     r0 = ctx.spec.sweep.repeats
     closing = [m for m in ctx.ledger.measurements()
-               if base is not None and m.key.engine_hash == base.hash and m.key.repeat >= r0]
+               if base is not None and m.key.engine_hash == base.hash
+               and m.key.planned.repeat >= r0]
     return analyze(measurements(ctx), ctx.spec.promote, closing_baseline=closing,
                             refused_by_headroom=measure.refused(ctx))
 

@@ -11,10 +11,11 @@ from dataclasses import replace
 from typing import Any, cast
 
 from specflow.decision.aggregate import to_measure_again
+from specflow.decision.capacity import LOAD_FAILURES, next_step
 from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, run_engine
 from specflow.engine.server import EngineFailure, EngineStartError, FailureKind
-from specflow.records.measurement import AGAIN, Measurement, WindowKey
+from specflow.records.measurement import AGAIN, STEP, Measurement, WindowKey
 from specflow.records.summaries import UnitResult
 from specflow.search import rounds
 from specflow.search.plan import EngineStart
@@ -85,9 +86,10 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
                ) -> UnitResult:
     """Measure the windows of `ec` that are not finished yet; finished ones are not redone.
     With a planned `start`, each window records its place in the run order and its round."""
-    finished = ctx.ledger.finished()
+    finished = done(ctx)
     todo = [w for w in windows if w.key(ec).id not in finished]
     summary = UnitResult(engine=ec.name, hash=ec.hash, skipped=len(windows) - len(todo))
+    todo += steps(ctx, ec, windows)
     if not todo:
         return summary
     h = ctx.headroom[ec.hash]
@@ -99,8 +101,7 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
             summary.started = True
         results = run_engine(ec, ctx.spec.backend, todo, ctx.workdir / "runs", skip=finished,
                              tokenizer=ctx.spec.target.tokenizer or ctx.spec.target.model,
-                             again=(slowed_again(ctx, ec, windows, start)
-                                    if start is not None else None))
+                             again=measure_after(ctx, ec, windows, start))
     t0 = time.monotonic()
     for m in results:
         m = replace(m, prompt_hash=m.prompt_hash or ctx.datasets[m.key.workload].prompt_hash,
@@ -116,6 +117,59 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
         if on_window is not None:
             on_window(m)
     return summary
+
+
+def done(ctx: Context) -> set[str]:
+    """Windows not to measure again: those that succeeded, and a capacity search's windows that
+    failed under their load (a rate that does not hold is the search's answer there)."""
+    promote = ctx.spec.promote
+    return ctx.ledger.finished() | {
+        m.key.id for m in ctx.ledger.measurements() if m.failure in LOAD_FAILURES
+        and m.request_rate is not None and promote.objective_for(m.traffic_class) == "capacity"}
+
+
+def to_measure(ctx: Context, ec: EngineConfig, windows: Sequence[Window]) -> list[Window]:
+    """What is left of `windows` on `ec`: the unfinished ones and the capacity searches' next
+    windows (`steps`)."""
+    finished = done(ctx)
+    return [w for w in windows if w.key(ec).id not in finished] + steps(ctx, ec, windows)
+
+
+def steps(ctx: Context, ec: EngineConfig, windows: Sequence[Window]) -> list[Window]:
+    """The next window of each capacity search among `windows` that has begun and is not over
+    (its rate from `decision.capacity.next_step` on the search's windows in the ledger): what
+    the engine start measures after its planned windows, and what a run that was stopped
+    mid-search goes on with."""
+    promote = ctx.spec.promote
+    searching = [w for w in windows if w.request_rate is not None
+                 and promote.objective_for(w.traffic_class) == "capacity"]
+    if not searching:
+        return []
+    done: dict[str, list[Measurement]] = {}
+    for m in ctx.ledger.measurements():
+        if m.key.engine_hash == ec.hash:
+            done.setdefault(m.key.planned.id, []).append(m)
+    out = []
+    for w in searching:
+        ms = sorted(done.get(w.key(ec).id, []), key=lambda m: m.key.step)
+        rate = next_step(ms, promote) if ms else None
+        if rate is not None:
+            out.append(replace(w, request_rate=rate,
+                               repeat=w.repeat + STEP * (ms[-1].key.step + 1)))
+    return out
+
+
+def measure_after(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
+                  start: EngineStart | None) -> Callable[[Sequence[Measurement]], list[Window]]:
+    """What an engine start measures after its planned windows, until there is none: each
+    capacity search's next rate (`steps`), and on a racing start each window outside load
+    slowed, once more (`slowed_again`)."""
+    slowed = slowed_again(ctx, ec, windows, start) if start is not None else None
+
+    def pick(measured: Sequence[Measurement]) -> list[Window]:
+        return steps(ctx, ec, windows) + (slowed(measured) if slowed is not None else [])
+
+    return pick
 
 
 def slowed_again(ctx: Context, ec: EngineConfig, windows: Sequence[Window], start: EngineStart
@@ -160,21 +214,21 @@ def run_closing_baseline(ctx: Context, on_window: OnWindow | None = None) -> Uni
 def missing(ctx: Context) -> list[WindowKey]:
     """Windows the sweep still has to measure: a grid's opening and closing windows without a
     successful measurement; a race's windows of the round still running."""
-    finished = ctx.ledger.finished()
+    finished = done(ctx)
     if ctx.spec.sweep.design == "race":
         current = progress(ctx).current
         return [k for s in current.starts for k in s.window_keys()
                 if k.id not in finished] if current is not None else []
     base = ctx.baseline()
-    closing = [w.key(base) for w in ctx.closing_windows()] if base is not None else []
-    return [k for k in [w.key(ec) for ec in ctx.plan.engine_configs for w in ctx.windows]
-            + closing if k.id not in finished]
+    left = [w.key(ec) for ec in ctx.plan.engine_configs for w in to_measure(ctx, ec, ctx.windows)]
+    return left + ([w.key(base) for w in to_measure(ctx, base, ctx.closing_windows())]
+                   if base is not None else [])
 
 
 def measurements(ctx: Context) -> list[Measurement]:
     """This plan's opening measurements (latest per point)."""
     keys = {w.key(ec).id for ec in ctx.plan.engine_configs for w in ctx.windows}
-    return [m for m in ctx.ledger.measurements() if m.key.id in keys]
+    return [m for m in ctx.ledger.measurements() if m.key.planned.id in keys]
 
 
 def plan_measurements(ctx: Context) -> list[Measurement]:

@@ -11,6 +11,8 @@ import numpy as np
 from specflow.decision.compare import NOT_SENT, SweepSide, compare
 from specflow.records.measurement import Measurement, WindowKey
 from tests.builders import BASELINE, engine
+from tests.decision.test_capacity import CAPACITY
+from tests.decision.test_capacity import _searched as searched
 
 CAND = engine("draft_model-n3", "draft_model", 3)
 SAMPLING = {"temperature": 0.0, "seed": 0, "max_tokens": 64, "ignore_eos": False,
@@ -160,3 +162,28 @@ def test_a_latency_class_is_compared_on_its_latency() -> None:
     blind = compare(_open_loop(a, latency=False), _open_loop(b, latency=False))
     (flat,) = [c for c in blind.changes if c.metric == "speedup"]
     assert math.isclose(flat.a, 1.0) and math.isclose(flat.b, 1.0)  # throughput cannot tell
+
+
+def _searched(s: SweepSide) -> SweepSide:
+    """A side's windows as capacity searches of a class decided on capacity (the sweep's
+    measured settings say so): each window's true capacity is its throughput / 25 req/s, the
+    search (from 2 req/s) finds it as the runner would, every step a window of its own."""
+    ms = tuple(dataclasses.replace(m, traffic_class="chat") for m in s.measurements)
+    settings = {"classes": ["chat"], **CAPACITY.capacity.model_dump(
+        mode="json", exclude={"target_load", "slo"}),
+        "slo": CAPACITY.capacity_slo.model_dump(mode="json")}
+    return SweepSide(s.label, tuple(searched(list(ms))), s.pins,
+                     {**s.measured, "capacity": settings})
+
+
+def test_a_capacity_class_is_compared_on_its_capacity() -> None:
+    """A class decided on capacity: its speedup is the candidate's capacity over the
+    baseline's, read from each search's steps (each a window, most of them at rates that did
+    not hold), so a drafter whose capacity gain fell from 1.5x to 1.1x is a speedup regression."""
+    rng = np.random.default_rng(2)
+    a, b = _searched(side("A", rng)), _searched(side("B", rng, speedup=1.1))
+    assert len(a.measurements) > 5 * 14  # several steps per search
+    cmp = compare(a, b)
+    (speed,) = [c for c in cmp.changes if c.metric == "speedup"]
+    assert speed.finding == "regression" and 1.35 < speed.a < 1.65 and 0.95 < speed.b < 1.25
+    assert speed.workload == "chat@capacity"

@@ -3,7 +3,8 @@
 one-word router answers, two free-form classes, recorded output lengths) replayed per class and
 as the one server that serves both, on the CPU demo's agreeing target with n-gram lookup; and
 beside them, on the same engine starts, the code class decided on latency at offered request
-rates (open loop), one of them more than the engine can take."""
+rates (open loop), one of them more than the engine can take, and the classify class decided on
+capacity (the highest rate each engine takes within a p99 end-to-end latency, searched)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from specflow.config.compose import load
+from specflow.decision.capacity import next_step
 from specflow.demo import traces
+from specflow.records.measurement import STEP, Measurement
 from specflow.results.ledger import Ledger
 from specflow.spec.schema import TraceSource
 from specflow.spec.traces import read_trace
+from specflow.steps import missing, open_sweep
 from specflow.workloads import convert
 
 
@@ -41,10 +46,21 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     decided on mean end-to-end latency. Guaranteed at any machine speed: every 200 req/s window
     is overload (the queue grew), reported in the console and the report and never scored;
     no 1.5 req/s window is; the class is decided (latency objective) from the 1.5 req/s point
-    alone, and anything promoted there is n-gram."""
+    alone, and anything promoted there is n-gram.
+    On the same starts, the classify class (two-token answers) is decided on capacity within
+    p99 e2el <= 300 ms: two searches per engine from 16 req/s, each rate a window. Guaranteed at
+    any machine speed: every search offers the rates the bracketing names after what it found
+    (doubling while the SLO holds, halving while not, then the bracket's midpoint) and ends
+    complete, in the ledger as steps of its planned window; the console prints each engine's
+    capacity in req/s, the report tables them with the replicas 500 req/s needs; nothing is
+    left to measure; n-gram, with nothing to draft on two tokens, is never promoted."""
     trace = traces.write(tmp_path / "trace.jsonl", per_class=24)
-    args = ["experiment=cpu_demo", "drafter=[none,ngram]", "workload=[trace,code_completion]",
-            "workload.code_completion.num_prompts=12",
+    args = ["experiment=cpu_demo", "drafter=[none,ngram]",
+            "workload=[trace,code_completion,classify]",
+            "workload.code_completion.num_prompts=12", "workload.classify.num_prompts=24",
+            "workload.classify.arrival={request_rate: [16]}",
+            "+promote.objectives.classify=capacity", "promote.capacity.slo={p99_e2el_ms: 300}",
+            "promote.capacity.resolution=0.5", "promote.capacity.target_load=500",
             "workload.code_completion.arrival={request_rate: [1.5, 200]}",
             "+promote.objectives.code=latency", "promote.latency_statistic=mean_e2el_ms",
             f"workload.trace.source.path={trace}", "workload.trace.num_prompts=16",
@@ -84,8 +100,10 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     assert re.search(r"^\| shared \| c4 \| ", report, re.M), report[-2000:]
     # measured output lengths: the log's, request by request
     ledger = Ledger(tmp_path / "work", sweep_dir.name)
-    every = [m for m in ledger.measurements() if m.ok]
-    assert len(every) == len(ledger.measurements()) == 20  # 2 starts x 5 workloads x 2, all ok
+    searched = [m for m in ledger.measurements() if m.traffic_class == "classify"]
+    every = [m for m in ledger.measurements() if m.ok and m not in searched]
+    assert len(every) == len(ledger.measurements()) - len(searched) == 20  # 2 x 5 x 2, all ok
+    _capacity(searched, out + proc.stderr, report, args)
     # open loop: the offered rate far beyond the engine overloads it, reported, never scored
     opened = [m for m in every if m.key.workload.startswith("code_completion@")]
     over = [m for m in opened if m.key.workload == "code_completion@200rps"]
@@ -103,7 +121,7 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
                          report, re.M), report[-3000:]
     ms = [m for m in every if m not in opened]
     datasets = {p.name.rsplit("-", 1)[0]: p for p in (sweep_dir / "datasets").iterdir()
-                if not p.name.startswith("code_completion")}
+                if not p.name.startswith(("code_completion", "classify"))}
     asked = {w: [json.loads(x)["output_tokens"] for x in p.read_text().splitlines()]
              for w, p in datasets.items()}
     for m in ms:
@@ -143,7 +161,8 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     results = [json.loads(p.read_text()) for p in files if p.name == "result.json"]
     private = [r for r in results if all(len(t) == 64 and set(t) <= set("0123456789abcdef")
                                          for t in r["generated_texts"])]
-    assert len(results) == 20 and len(private) == 12  # the code class's texts are not private
+    assert len(results) == 20 + len(searched) and len(private) == 12  # the code and classify
+    # classes' texts are not private
     # no engine log either, not even with the code class's (not private) windows: the engine
     # served the trace's requests too; the code windows keep their own bench logs
     logs = {p.name for p in files if "mlartifacts" in p.parts and p.suffix == ".log"}
@@ -166,3 +185,31 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     got = {(r.prompt, r.max_tokens) for r in trace_back.requests}
     assert replayed <= got, len(replayed - got)
     assert all(r.timestamp and r.timestamp > 1.7e9 for r in trace_back.requests)
+
+
+def _capacity(steps: list[Measurement], out: str, report: str, args: list[str]) -> None:
+    """The classify class's capacity searches (see the test's docstring); `out`: the run's
+    stdout and stderr (where the window lines go)."""
+    promote = load(args).spec.promote
+    searches: dict[tuple[str, int], list[Measurement]] = {}
+    for m in steps:
+        searches.setdefault((m.engine, m.key.planned.repeat), []).append(m)
+    assert sorted(searches) == [("baseline", 0), ("baseline", 1), ("ngram-n8", 0),
+                                ("ngram-n8", 1)], sorted(searches)
+    for key, ms in searches.items():
+        ms.sort(key=lambda m: m.key.step)
+        assert [m.key.step for m in ms] == list(range(len(ms))), key
+        assert ms[0].request_rate == 16.0 and ms[0].key.repeat == key[1]
+        for k in range(1, len(ms)):  # each rate the one the bracketing named after the others
+            assert ms[k].request_rate == next_step(ms[:k], promote), (key, k)
+            assert ms[k].key.repeat == key[1] + k * STEP
+        assert next_step(ms, promote) is None, key  # ended: bracketed, or at a bound
+    assert re.search(r"\S+ classify@capacity c4 r\d step 1: ", out), out[-3000:]
+    assert "### Capacity within the SLOs" in report and "replicas for 500 req/s" in report
+    for engine in ("baseline", "ngram-n8"):  # both searches found a capacity, with an interval
+        assert re.search(rf"^\| {engine} \| classify@capacity \| 4 \| [\d.]+ \[[\d.]+, "
+                         r"[\d.]+\] \| 2 of 2 \| \d+ \|$", report, re.M), report[-3000:]
+    decided = re.search(r"^classify \[capacity \(p99_e2el_ms <= 300\)\] c4: "
+                        r"(promote|off|unresolved)\b", out, re.M)
+    assert decided and decided[1] != "promote", out[-3000:]  # nothing to draft on two tokens
+    assert not missing(open_sweep(args, tracking=False, sync=False))  # every search complete
