@@ -13,15 +13,16 @@ Simulated servers: 4 slots serving first come first served, gamma(8) service tim
 Poisson arrivals spanning 64 / rate, as vLLM's bench scales them; the SLO p99 end-to-end latency
 <= 3 s. A rate holds when the window's p99 is within it and it did not overload. The true
 capacity is the rate at which a window at the median start holds half the time, found by
-bisection on 400 windows per rate. Each trial runs the search on `--starts` engine starts and
+bisection on 400 windows per rate. Each trial runs the search on `--starts` engine starts (each
+from 1 req/s dithered by its key, as a sweep's searches start: `decision.capacity.dithered`) and
 takes the estimate over them: `capacity_error_median` is the median over trials of
 |found / true - 1| (target <= 0.05), `capacity_coverage` the share of trials whose 95% interval
 holds the truth (target >= 0.90).
 
 The real engine: the CPU demo's agreeing target, the baseline and n-gram N=8 (the code class's
-winner), `--engine-starts` engine starts each; each start searches the rates from 2 req/s at
-most 8 requests in flight (the engine's max_num_seqs), each window about `--window-s` long
-(rate x that many code prompts, at least 16) answered in `--max-tokens` tokens, the SLO p99
+winner), `--engine-starts` engine starts each; each start searches the rates from about 2 req/s
+(dithered by its key) at most 8 requests in flight (the engine's max_num_seqs), each window
+about `--window-s` long (rate x that many code prompts, at least 16) answered in `--max-tokens` tokens, the SLO p99
 end-to-end latency <= `--p99-e2el-ms`, counted from each request's arrival (the wait under
 the cap included, `specflow.engine.runner.latency_stats`). Prints
 each start's steps, each config's capacity with its interval and engine starts spent,
@@ -49,6 +50,7 @@ from specflow.decision.capacity import (
     StartCapacity,
     Step,
     bracket,
+    dithered,
     estimate,
     holds,
     next_rate,
@@ -107,11 +109,12 @@ def simulated(trials: int, starts: int, seed: int) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     truth = true_capacity(rng)
     errors, covered, steps = [], 0, []
-    for _ in range(trials):
+    for t in range(trials):
         caps = []
-        for _ in range(starts):
+        for s in range(starts):
             effect = math.exp(rng.normal(0, START_SD))
-            cap, ps = search(lambda r, e=effect: sim_holds(r, e, rng), 1.0, 0.05, 64.0)
+            cap, ps = search(lambda r, e=effect: sim_holds(r, e, rng),
+                             dithered(1.0, f"sim/{seed}/{t}/{s}"), 0.05, 64.0)
             caps.append(cap)
             steps.append(len(ps))
         est = estimate(caps)
@@ -142,13 +145,13 @@ WARMUPS = 4
 
 
 def _step(engine: LocalEngine, driver: BenchDriver, ec: EngineConfig, base: Window, out: Path,
-           slo: SloSpec, window_s: float, rate: float) -> bool:
+         slo: SloSpec, window_s: float, start: float, rate: float) -> bool:
     """One window of a start's search at `rate` on the running engine, about `window_s` long
-    (at least 16 requests): whether it held (the first, at the start rate, after the
+    (at least 16 requests): whether it held (the first, at the `start` rate, after the
     warm-up)."""
     n = min(PROMPTS, max(16, round(rate * window_s)))
     w = replace(base, workload=f"code@{rate:.3g}rps", request_rate=rate, num_prompts=n,
-                warmup_requests=base.warmup_requests if rate == START_RATE else 0)
+                warmup_requests=base.warmup_requests if rate == start else 0)
     m = measure_window(engine, driver, ec, w, out / w.workload, 600)
     ok = holds(m, slo)
     p99 = m.latency_ms.get("p99_e2el_ms")
@@ -179,10 +182,11 @@ def engine_capacity(args: argparse.Namespace, work: Path, models: Path) -> dict[
                 driver = BenchDriver(python, bench_env(), work / f"driver-{name}-{s}.log")
                 driver.launch()
                 driver.wait_ready()
+                start = dithered(START_RATE, f"{name}/b{s}")
                 try:
                     cap, _ = search(partial(_step, engine, driver, ec, replace(base, start=s),
-                                            work / name / f"b{s}", slo, args.window_s),
-                                    START_RATE, 0.25, 128.0, max_steps=2 if args.smoke else 12)
+                                            work / name / f"b{s}", slo, args.window_s, start),
+                                    start, 0.25, 128.0, max_steps=2 if args.smoke else 12)
                 finally:
                     driver.close()
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0

@@ -42,6 +42,7 @@ LIGHT = (
     "tests/config/test_conf.py", "tests/config/test_fuzz.py",
     "tests/decision/", "tests/search/test_predict.py", "tests/search/test_racing.py",
     "tests/decision/test_capacity.py",
+    "tests/decision/test_beside.py",
     "tests/spec/test_hfcache.py", "tests/workloads/test_generators.py",
     "tests/workloads/test_materialize.py", "tests/workloads/test_render.py",
     "tests/workloads/test_sources.py", "tests/results/test_console.py",

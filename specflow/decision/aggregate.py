@@ -11,10 +11,10 @@ from dataclasses import replace
 import numpy as np
 from scipy import stats
 
-from specflow.decision.capacity import searches
+from specflow.decision.capacity import decided
 from specflow.decision.model import Estimate, PointStats, SlowedWindow
 from specflow.records.measurement import AGAIN, Measurement, WindowKey
-from specflow.spec.schema import PromoteSpec
+from specflow.spec.schema import CAPACITY_POINT, PromoteSpec
 from specflow.stats.critical import t_value, z_value
 from specflow.stats.intervals import bootstrap_means, seeded_rng, widened_percentile
 from specflow.stats.replicates import StartWindows, screen_slowed, starts_by_point
@@ -44,6 +44,8 @@ def score(m: Measurement, promote: PromoteSpec | None = None) -> float:
     search's capacity in requests per second (`capacity.searches`; a step of one scores
     nothing on its own). nan where the window has no such figure. `promote` None: throughput."""
     objective = "throughput" if promote is None else promote.objective_for(m.traffic_class)
+    if objective != m.answers:  # a window answered beside its class's objective
+        return math.nan
     if objective == "throughput":
         return m.output_throughput
     if objective == "capacity":
@@ -99,9 +101,10 @@ def usable_starts(measurements: Iterable[Measurement], promote: PromoteSpec | No
 
 def screened_starts(measurements: Iterable[Measurement], promote: PromoteSpec | None = None
                     ) -> tuple[dict[tuple[str, int], list[StartWindows]], list[SlowedWindow]]:
-    """`usable_starts`, and the windows it left out as slowed by outside load, per point (a
-    capacity search is one record, `capacity.searches`)."""
-    ms = [m for m in searches(measurements, promote) if _exclusion(m, promote) is None]
+    """`usable_starts`, and the windows it left out as slowed by outside load, per point: the
+    windows answering their class's objective, a capacity search as one record
+    (`capacity.decided`)."""
+    ms = [m for m in decided(measurements, promote) if _exclusion(m, promote) is None]
     names = {m.key.engine_hash: m.engine for m in ms}
     blocks = starts_by_point(
         (m.key.engine_hash, m.key.workload, m.key.concurrency, m.key.start, m.key.repeat, m.seq,
@@ -122,20 +125,19 @@ def to_measure_again(measurements: Iterable[Measurement], engine_hash: str, star
                      promote: PromoteSpec | None = None) -> list[tuple[str, int, int]]:
     """(workload, concurrency, repeat) of each window of one engine start that outside load
     slowed (`screened_starts` over the sweep's records) and that was not measured again yet: the
-    start measures each once more before its engine stops (repeat + `AGAIN`), never twice."""
-    ms = list(measurements)
-    searched = {m.key.workload for m in searches(ms, promote) if m.search_rates}
-    _, slowed = screened_starts(ms, promote)
+    start measures each once more before its engine stops (repeat + `AGAIN`), never twice. A
+    capacity search is not measured again (its windows are its answer at each rate)."""
+    _, slowed = screened_starts(measurements, promote)
     return [(s.workload, s.concurrency, s.repeat) for s in slowed
             if s.engine_hash == engine_hash and s.start == start and s.again is None
-            and s.repeat < AGAIN and s.workload not in searched]
+            and s.repeat < AGAIN and not s.workload.endswith(CAPACITY_POINT)]
 
 
 def aggregate(measurements: Iterable[Measurement], promote: PromoteSpec, role: str = "open"
               ) -> list[PointStats]:
     """Group windows by engine x workload x concurrency; summarise usable ones, count the rest."""
     groups: dict[tuple[str, str, int], list[Measurement]] = defaultdict(list)
-    for m in searches(measurements, promote):
+    for m in decided(measurements, promote):
         groups[(m.key.engine_hash, m.key.workload, m.key.concurrency)].append(m)
     out = []
     for (engine_hash, workload, concurrency), ms in sorted(groups.items()):

@@ -24,6 +24,7 @@ simulated servers of known capacity.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -161,6 +162,17 @@ def replicas(load: float, lower_bound: float | None) -> int | None:
     return max(1, math.ceil(load / lower_bound))
 
 
+def dithered(rate: float, key: str) -> float:
+    """Where a search starts: `rate` moved by a factor between 1/sqrt(2) and sqrt(2) drawn from
+    the search's key (reproducible, so a resumed search starts where it did). Without it every
+    search of every engine offers the same rates, and searches that end on the same bracket
+    report the same capacity: an interval of zero width however coarse the bracket. Dithered,
+    where the bracket falls around the capacity varies from search to search, and the interval
+    over searches carries the bracket's width (its quantisation) with the rest of the noise."""
+    u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    return rate * 2 ** (u - 0.5)
+
+
 LOAD_FAILURES = frozenset({"requests_failed", "timeout"})
 """A step's failures that are the offered load's doing (requests refused or timed out under
 it): the rate does not hold. Any other failure (the engine down, a bench error) ends the search
@@ -188,21 +200,30 @@ def next_step(steps: Sequence[Measurement], promote: PromoteSpec) -> float | Non
 
 def searches(measurements: Iterable[Measurement], promote: PromoteSpec | None
              ) -> list[Measurement]:
-    """The windows with each capacity search's steps (classes `promote` decides on capacity)
-    replaced by one record of the search (`search_record`); every other window as it is, and a
-    search's record left as it is (a second pass changes nothing)."""
-    if promote is None:
-        return list(measurements)
+    """The windows with each capacity search's steps replaced by one record of the search
+    (`search_record`, under `promote`'s SLOs and search; None: the defaults); every other
+    window as it is, and a search's record left as it is (a second pass changes nothing)."""
+    promote = promote or PromoteSpec()
     out: list[Measurement] = []
     groups: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
     for m in measurements:
-        if m.search_rates or promote.objective_for(m.traffic_class) != "capacity":
+        if m.search_rates or not m.searched:
             out.append(m)
         else:
             groups[(m.key.planned.id, m.stage)].append(m)
     out += [search_record(sorted(ms, key=lambda m: m.key.step), promote)
             for ms in groups.values()]
     return out
+
+
+def decided(measurements: Iterable[Measurement], promote: PromoteSpec | None
+            ) -> list[Measurement]:
+    """The windows that answer their class's objective (`Measurement.answers`; `promote`
+    None: throughput), each capacity search as one record (`searches`): what a class is
+    decided on. The others are answered beside it (`decision.beside`)."""
+    return searches((m for m in measurements if m.answers == (
+        promote.objective_for(m.traffic_class) if promote is not None else "throughput")),
+        promote)
 
 
 def search_record(steps: Sequence[Measurement], promote: PromoteSpec) -> Measurement:

@@ -111,6 +111,9 @@ class Window:
     `concurrency` as the cap on those in flight; None: closed loop, `concurrency` kept full."""
     burstiness: float = 1.0
     """Shape of the open-loop arrival gaps (1: Poisson)."""
+    search: bool = False
+    """A capacity search's planned window: the rate it offers is where the search starts, and
+    the engine start measures the rates it names next (`specflow.steps.measure.steps`)."""
 
     def key(self, ec: EngineConfig) -> WindowKey:
         return WindowKey(ec.hash, self.workload, self.concurrency, self.repeat, self.start)
@@ -127,9 +130,18 @@ def plan_windows(workloads: Mapping[str, WorkloadSpec], datasets: Mapping[str, P
                    seed=w.seed, temperature=w.temperature, warmup_requests=warmup_requests,
                    ignore_eos=w.ignore_eos, stop=tuple(w.stop),
                    per_request_lengths=w.source.kind in ("trace", "mix"),
-                   request_rate=w.arrival.request_rate[0] if w.arrival else None,
+                   request_rate=_rate(w), search=w.arrival is not None and
+                   w.arrival.capacity_from is not None,
                    burstiness=(w.arrival.burstiness or 1.0) if w.arrival else 1.0)
             for r in range(repeats) for name, w in workloads.items() for c in concurrency]
+
+
+def _rate(w: WorkloadSpec) -> float | None:
+    """The rate an (expanded) workload's windows offer: its rate, or where its capacity search
+    starts; None: closed loop."""
+    a = w.arrival
+    return None if a is None else a.capacity_from if a.capacity_from is not None else \
+        a.request_rate[0]
 
 
 def cache_salt(key: WindowKey, *, warmup: bool = False) -> str:

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, with_config
 
+from specflow.spec.schema import CAPACITY_POINT, Objective
+
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 """vLLM bench's latency families (milliseconds)."""
 LATENCY_STATS = ("mean", "median", "p50", "p90", "p99")
@@ -189,6 +191,18 @@ class Measurement:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def searched(self) -> bool:
+        """A window of a capacity search (its point is `<workload>@capacity`)."""
+        return self.key.workload.endswith(CAPACITY_POINT)
+
+    @property
+    def answers(self) -> Objective:
+        """What the window answers: capacity (a search's), latency (offered a rate, open
+        loop) or throughput (closed loop)."""
+        return "capacity" if self.searched else \
+            "latency" if self.request_rate is not None else "throughput"
 
 
 MEASUREMENT = TypeAdapter(Measurement)

@@ -131,6 +131,9 @@ class SweepSummary(_Summary):
     """Per service and band: its answer beside routing each class to its own champion."""
     realism: list[str] = []
     """What the measured windows show unlike the traffic they replay."""
+    beside: list[str] = []
+    """Per class and band measured for other objectives too: their answers beside the
+    decision, and whether they agree."""
 
 
 class SoakSummary(_Summary):

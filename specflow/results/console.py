@@ -284,6 +284,8 @@ def print_outcome(summary: SweepSummary, out: Console, elapsed: float) -> None:
         out.print(f"[yellow]workload warning:[/] {escape(w)}", soft_wrap=True)
     for line in summary.services:
         out.print(escape(line), highlight=False, soft_wrap=True)
+    for line in summary.beside:
+        out.print(escape(line), highlight=False, soft_wrap=True)
     deploy = deploy_lines(summary.table, [p.model_dump() for p in summary.promotions])
     if deploy:
         out.print("[bold]what to deploy, per traffic class[/]")

@@ -18,6 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
 from specflow.decision.aggregate import label_statistic
+from specflow.decision.beside import Beside
+from specflow.decision.beside import lines as beside_lines
 from specflow.decision.capacity import replicas
 from specflow.decision.model import Analysis, ClassResult, Estimate, PointSpeedup, PointStats
 from specflow.decision.requests import LevelRequests, agreement, analyze_requests
@@ -609,6 +611,36 @@ def markdown(analysis: Analysis, plots: Sequence[Path] = (), base: Path = Path("
     return "\n".join(lines)
 
 
+def beside_section(analysis: Analysis, found: Sequence[Beside]) -> list[str]:
+    """Per class measured for other objectives than the one it is decided for: each one's
+    answer beside the decision and whether they agree, then each one's decision table and its
+    latency or capacity table."""
+    if not found:
+        return []
+    lines = ["## Throughput, latency and capacity side by side", "",
+             "Each class is decided, and promoted, for its objective; the windows measured for "
+             "another (closed loop, at offered rates, by a capacity search) are decided for it "
+             "on their own, under the same rule, as an answer beside it: what would be promoted "
+             "if the class were decided for that. Nothing is promoted from them.", ""]
+    lines += [f"- {x}" for x in beside_lines(analysis.classes, found)]
+    for b in found:
+        lines += ["", f"### `{b.traffic_class}` decided for {b.objective}, beside", ""]
+        r = b.result
+        if r is None or b.analysis is None:
+            lines += ["No answer: " + "; ".join(b.problems)]
+            continue
+        lines += ["| band | candidate | verdict | speedup | CI | why |",
+                  "|---|---|---|---|---|---|"]
+        for row in decision_rows(r):
+            s = row["speedup"]
+            ci = f"[{row['lo']:.3f}, {row['hi']:.3f}]" if s is not None else "-"
+            lines.append(f"| {row['band']} | {row['engine']} | {row['verdict']} | "
+                         f"{'-' if s is None else f'{s:.3f}'} | {ci} | "
+                         f"{_cell(str(row['why'] or ''))} |")
+        lines += _latency_table(r, b.analysis)
+    return [*lines, ""]
+
+
 def services_section(services: Sequence[ServiceRouting]) -> list[str]:
     """Each service's own answer beside routing its classes to their own champions."""
     if not services:
@@ -637,7 +669,8 @@ def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md
                  versus: Sequence[Versus] = (),
                  names: Mapping[str, str] | None = None,
                  curves: Sequence[Curve] = (),
-                 services: Sequence[ServiceRouting] = ()) -> ReportFiles:
+                 services: Sequence[ServiceRouting] = (),
+                 beside: Sequence[Beside] = ()) -> ReportFiles:
     """Write every plot and the Markdown report under out_dir; returns their paths.
     `measurements` (the sweep's windows) add the per-request view where they kept requests;
     `versus` the predictor's error (`predict.versus`), `curves` its chain tests
@@ -649,6 +682,7 @@ def write_report(analysis: Analysis, out_dir: str | Path, name: str = "report.md
     path = out / name
     text = markdown(analysis, plots, out, rounds, schedules or {}, measurements, names)
     text += "\n" + "\n".join(services_section(services))
+    text += "\n" + "\n".join(beside_section(analysis, beside))
     text += "\n" + "\n".join(_predicted_section(versus, predicted, out, curves))
     atomic_write(path, text)
     return ReportFiles(path, tuple(plots) + ((predicted,) if predicted else ()))

@@ -116,9 +116,13 @@ def spent_by(ms: Sequence[Measurement]) -> Spent:
 
 
 def observed_costs(ms: Sequence[Measurement], shape: Shape) -> tuple[float, float]:
-    """Observed seconds per engine start (overhead) and per window, or the shape's defaults."""
-    durations = [m.duration_s for m in ms if m.ok and m.duration_s > 0]
-    window_s = sum(durations) / len(durations) if durations else shape.window_s
+    """Observed seconds per engine start (overhead) and per planned window (a capacity search:
+    all its steps' windows), or the shape's defaults."""
+    planned: dict[str, float] = defaultdict(float)
+    for m in ms:
+        if m.ok and m.duration_s > 0:
+            planned[m.key.planned.id] += m.duration_s
+    window_s = sum(planned.values()) / len(planned) if planned else shape.window_s
     per_start: dict[tuple[str, int], list[Measurement]] = defaultdict(list)
     for m in ms:
         if m.engine_s > 0:

@@ -7,12 +7,20 @@ and its hash, headroom, materialising, the decision) sees plain workloads with a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
-from specflow.spec.schema import MixSource, ServiceSpec, Spec, TraceSource, WorkloadSpec
+from specflow.spec.schema import (
+    CAPACITY_POINT,
+    ArrivalSpec,
+    MixSource,
+    ServiceSpec,
+    Spec,
+    TraceSource,
+    WorkloadSpec,
+)
 from specflow.spec.traces import Trace, file_sha256, read_trace
 
 SHARE_DIGITS = 6
@@ -68,9 +76,7 @@ def expand(spec: Spec) -> Spec:
     problems += objective_problems(spec, workloads, split_of)
     if problems:
         raise SpecError(problems)
-    searched = {w.traffic_class or n for n, w in workloads.items()
-                if spec.promote.objective_for(w.traffic_class or n) == "capacity"}
-    workloads, problems = by_rate(workloads, split_of, read, searched)
+    workloads, problems = by_rate(workloads, split_of, read)
     if problems:
         raise SpecError(problems)
     if workloads == spec.workload:
@@ -84,40 +90,48 @@ def rate_name(workload: str, rate: float) -> str:
 
 
 def by_rate(workloads: Mapping[str, WorkloadSpec], split_of: Mapping[str, str] | None = None,
-            read: dict[str, Trace] | None = None, searched: Collection[str] = ()
+            read: dict[str, Trace] | None = None
             ) -> tuple[dict[str, WorkloadSpec], list[Problem]]:
-    """Each open-loop workload as one workload per offered rate (`rate_name`, or
-    `<name>@<speed>x` for multiples of a trace's own rate), in its place, with its rate and
-    burstiness stated; closed-loop workloads as they are. A workload of a class in `searched`
-    (decided on capacity) is one point, `<name>@capacity`, whose rate is where its search
-    starts. `split_of`: a split trace's class workloads, by the name of the workload they came
-    from (for problems' paths); `read`: the traces already read (`_read_key`; each is read
-    once)."""
+    """Each open-loop workload as its points, in its place: one per offered rate (`rate_name`,
+    or `<name>@<speed>x` for multiples of a trace's own rate) with its rate and burstiness
+    stated; its capacity search (`<name>@capacity`, `capacity_from`); and, with `closed_loop`,
+    itself closed loop. Closed-loop workloads as they are. `split_of`: a split trace's class
+    workloads, by the name of the workload they came from (for problems' paths); `read`: the
+    traces already read (`_read_key`; each is read once)."""
     out: dict[str, WorkloadSpec] = {}
     problems: list[Problem] = []
     read = {} if read is None else read
     for name, w in workloads.items():
         a = w.arrival
-        if a is None or (len(a.request_rate) == 1 and a.burstiness is not None and "@" in name):
+        if a is None or _point(name, a):
             out[name] = w
             continue
-        points = [(rate_name(name, r), r, a.burstiness or 1.0)
-                  for r in dict.fromkeys(a.request_rate)]
+        if a.closed_loop:
+            out[name] = w.model_copy(update={"arrival": None})
+        shape = a.burstiness or 1.0
+        points = [(rate_name(name, r), r) for r in dict.fromkeys(a.request_rate)]
         if a.trace_speed:
             where = f"workload.{(split_of or {}).get(name, name)}.arrival.trace_speed"
             fitted = _trace_arrival(where, w, read)
             if isinstance(fitted, Problem):
                 problems.append(fitted)
                 continue
-            rate, shape = fitted
-            points = [(f"{name}@{s:g}x", round(rate * s, SHARE_DIGITS), a.burstiness or shape)
+            rate, shape = fitted[0], a.burstiness or fitted[1]
+            points = [(f"{name}@{s:g}x", round(rate * s, SHARE_DIGITS))
                       for s in dict.fromkeys(a.trace_speed)]
-        if (w.traffic_class or name) in searched:  # one search, from the (first) rate
-            points = [(f"{name}@capacity", *points[0][1:])]
-        for point, r, b in points:
-            out[point] = w.model_copy(update={"arrival": a.model_copy(update={
-                "request_rate": [r], "trace_speed": [], "burstiness": b})})
+        for point, r in points:
+            out[point] = w.model_copy(update={"arrival": ArrivalSpec(
+                request_rate=[r], burstiness=shape)})
+        if a.capacity_from is not None:
+            out[name + CAPACITY_POINT] = w.model_copy(update={"arrival": ArrivalSpec(
+                capacity_from=a.capacity_from, burstiness=shape)})
     return out, problems
+
+
+def _point(name: str, a: ArrivalSpec) -> bool:
+    """An arrival already one point's (expanded by `by_rate`)."""
+    return "@" in name and a.burstiness is not None and not a.closed_loop and \
+        len(a.request_rate) + (a.capacity_from is not None) == 1 and not a.trace_speed
 
 
 def _trace_arrival(where: str, w: WorkloadSpec, read: dict[str, Trace]
@@ -154,42 +168,50 @@ def objective_problems(spec: Spec, workloads: Mapping[str, WorkloadSpec],
     out = [Problem(f"promote.objectives.{c}", "no workload is of this traffic class", c,
                    one_of(classes), did_you_mean(c, classes))
            for c in spec.promote.objectives if c not in classes]
-    closed: dict[str, list[tuple[str, str]]] = {}  # a field: the classes it leaves closed
+    closed: dict[str, list[tuple[str, str]]] = {}  # a field: the classes it leaves unmeasured
+    stated: dict[str, object] = {}  # ... and the arrival it states
     opened: dict[str, tuple[list[str], WorkloadSpec]] = {}  # ... throughput classes it opens
+    answered: dict[str, set[str]] = {}  # a class: the objectives its workloads' points answer
+    for name, w in workloads.items():
+        answered.setdefault(w.traffic_class or name, set()).update(
+            w.arrival.objectives if w.arrival is not None else {"throughput"})
     for name, w in workloads.items():
         cls = w.traffic_class or name
         objective = spec.promote.objective_for(cls)
         where = f"workload.{split_of.get(name, name)}.arrival"
-        if objective != "throughput" and w.arrival is None:
+        if objective in answered[cls]:
+            continue
+        if objective != "throughput":
             if isinstance(w.source, MixSource) and name in spec.service:
                 out.append(Problem(f"promote.objectives.{cls}", "a service's windows mix its "
                                    f"classes in one closed loop; {objective} is measured at "
                                    "offered rates", objective, "throughput for a service"))
             else:
                 closed.setdefault(where, []).append((cls, objective))
-        elif objective == "capacity" and w.arrival is not None and \
-                len(w.arrival.request_rate or w.arrival.trace_speed) > 1:
-            out.append(Problem(where, "a capacity search starts from one rate and finds the "
-                               "others itself", w.arrival.request_rate
-                               or {"trace_speed": w.arrival.trace_speed},
-                               "one rate: request_rate: [req/s] (or trace_speed: [multiple])"))
-        elif objective == "throughput" and w.arrival is not None:
+                stated[where] = w.arrival.model_dump(exclude_defaults=True) \
+                    if w.arrival is not None else None
+        elif w.arrival is not None:
             opened.setdefault(where, ([], w))[0].append(cls)
     for where, cs in closed.items():  # a split trace's classes: one problem
-        objectives = " or ".join(sorted({o for _, o in cs}))
+        objectives = sorted({o for _, o in cs})
+        needs = {"latency": "request_rate: [...] (a trace: or trace_speed: [...])",
+                 "capacity": "capacity_from: req/s"}
         out.append(Problem(where, f"traffic class{'es' * (len(cs) > 1)} "
-                           f"{', '.join(repr(c) for c, _ in cs)} decided on {objectives}, "
-                           "which is measured at offered request rates", None,
-                           "arrival: {request_rate: [...]} (a trace: or {trace_speed: [...]}), "
-                           f"or promote.objectives.{cs[0][0]}: throughput"))
+                           f"{', '.join(repr(c) for c, _ in cs)} decided on "
+                           f"{' or '.join(objectives)}, which is measured at offered request "
+                           "rates", stated[where],
+                           "arrival: {" + ", ".join(needs[o] for o in objectives)
+                           + f"}}, or promote.objectives.{cs[0][0]}: throughput"))
     for where, (throughput, w) in opened.items():
         a = w.arrival
         assert a is not None
         out.append(Problem(where, "an open-loop workload's throughput is the rate it is "
                            "offered, not what the server can do",
-                           a.request_rate or {"trace_speed": a.trace_speed},
-                           f"promote.objectives.{throughput[0]}: latency, or arrival: null "
-                           "(closed loop)"))
+                           a.request_rate or {"trace_speed": a.trace_speed}
+                           if not a.capacity_from else {"capacity_from": a.capacity_from},
+                           f"promote.objectives.{throughput[0]}: latency or capacity, arrival: "
+                           "null (closed loop), or arrival.closed_loop: true (both, the open "
+                           "loop answered beside)"))
     other = sorted({o for c in classes if (o := spec.promote.objective_for(c)) != "throughput"})
     if spec.sweep.design == "race" and spec.sweep.search == "adaptive" and other:
         out.append(Problem("sweep.search", "adaptive search predicts throughput from "

@@ -442,11 +442,21 @@ WorkloadSource = Annotated[
 ]
 
 
+Objective = Literal["throughput", "latency", "capacity"]
+"""What a traffic class is decided for (see PromoteSpec.objective)."""
+
+CAPACITY_POINT = "@capacity"
+"""The name suffix of a workload's capacity search point (`ArrivalSpec.capacity_from`)."""
+
+
 class ArrivalSpec(_Model):
     """Open-loop arrival: requests are offered at a rate whatever the server does (an
     interactive service), as `vllm bench serve --request-rate --burstiness` sends them; each
     rate is a point of its own (the workload is measured once per rate, named `<name>@<rate>rps`),
-    at each of the sweep's concurrency levels as the cap on requests in flight."""
+    at each of the sweep's concurrency levels as the cap on requests in flight. A workload may be
+    measured in every way at once: at offered rates (latency), by a capacity search from a rate
+    (`capacity_from`, the point `<name>@capacity`) and closed loop (`closed_loop`, the point
+    `<name>`); its class is decided on its objective's points, the others answered beside."""
 
     request_rate: list[Annotated[float, Field(gt=0, le=1_000_000)]] = Field(
         default_factory=list)
@@ -460,15 +470,35 @@ class ArrivalSpec(_Model):
     burstiness: float | None = Field(default=None, gt=0, le=1000)
     """Shape of the gamma-distributed gaps between arrivals: 1 is Poisson, below 1 burstier,
     above 1 more regular; null: 1, or the trace's own with `trace_speed`."""
+    capacity_from: float | None = Field(default=None, gt=0, le=1_000_000)
+    """A capacity search (`promote.capacity`) starting at this rate (requests per second): the
+    highest rate one engine takes within the SLOs, the point `<name>@capacity`."""
+    closed_loop: bool = False
+    """Measure the workload closed loop too (each concurrency level kept full: throughput), the
+    point `<name>`."""
 
     @model_validator(mode="after")
     def _one_way(self) -> ArrivalSpec:
-        if bool(self.request_rate) == bool(self.trace_speed):
+        if (self.request_rate and self.trace_speed) or not (
+                self.request_rate or self.trace_speed or self.capacity_from):
             raise ProblemError(Problem(
                 "request_rate", "an open-loop arrival states its rates one way",
                 {"request_rate": self.request_rate, "trace_speed": self.trace_speed},
-                "request_rate: [req/s, ...] or, for a trace, trace_speed: [multiple, ...]"))
+                "request_rate: [req/s, ...] or, for a trace, trace_speed: [multiple, ...]; "
+                "and/or capacity_from: req/s"))
         return self
+
+    @property
+    def objectives(self) -> frozenset[Objective]:
+        """What the workload's points answer."""
+        found: set[Objective] = set()
+        if self.request_rate or self.trace_speed:
+            found.add("latency")
+        if self.capacity_from is not None:
+            found.add("capacity")
+        if self.closed_loop:
+            found.add("throughput")
+        return frozenset(found)
 
 
 class WorkloadSpec(_Model):
@@ -650,8 +680,6 @@ class QualitySpec(_Model):
     (opening and closing) and test the candidate against it; false takes it as 0, exactly."""
 
 
-Objective = Literal["throughput", "latency", "capacity"]
-"""What a traffic class is decided for (see PromoteSpec.objective)."""
 LatencyStatistic = Literal["mean_tpot_ms", "median_tpot_ms", "mean_e2el_ms", "median_e2el_ms",
                            "mean_ttft_ms", "median_ttft_ms", "mean_itl_ms", "median_itl_ms"]
 """The latency statistics a latency objective may estimate: a window's mean or median (a p99

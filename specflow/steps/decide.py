@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from specflow.champions import promote
+from specflow.decision import beside
 from specflow.decision.choose import analyze
 from specflow.decision.model import BASELINE_METHOD, Analysis, AnalysisError
 from specflow.decision.services import ServiceRouting, routing
 from specflow.decision.wording import decision_rows
 from specflow.engine import vllm_check
 from specflow.records.fsio import atomic_write
+from specflow.records.measurement import Measurement
 from specflow.records.summaries import ComparisonLine, PromotionLine, SearchCost, SweepSummary
 from specflow.results import console, report
 from specflow.search import predict, profiles, rounds
@@ -54,6 +56,9 @@ class Decided:
     """Per service and band: its answer beside routing each class to its own champion."""
     realism: tuple[str, ...] = ()
     """What the measured windows show unlike the traffic they replay (`output_realism`)."""
+    beside: tuple[str, ...] = ()
+    """Per class and band measured for other objectives too: each one's answer beside the
+    decision, and whether they agree (`decision.beside.lines`)."""
 
 
 def _no_decision(ctx: Context, problems: list[str]) -> Decided:
@@ -79,15 +84,25 @@ def check_schedules(result: Analysis, vllm_command: Sequence[str] | None, vllm_l
     return dataclasses.replace(result, classes=tuple(kept)), problems
 
 
-def _grid(ctx: Context) -> Analysis:
-    """A grid sweep: the opening windows, the closing baseline, Holm over the family."""
+def windows(ctx: Context) -> tuple[list[Measurement], list[Measurement]]:
+    """The windows a decision reads: the opening ones and the baseline's later starts (a grid's
+    closing baseline; a race's later baseline starts)."""
     base = ctx.baseline()
+    if ctx.spec.sweep.design == "race":
+        ms = [m for m in measure.plan_measurements(ctx) if m.stage != "schedule"]
+        return split_baseline(ms, base.hash if base is not None else "")
     r0 = ctx.spec.sweep.repeats
     closing = [m for m in ctx.ledger.measurements()
                if base is not None and m.key.engine_hash == base.hash
                and m.key.planned.repeat >= r0]
-    return analyze(measurements(ctx), ctx.spec.promote, closing_baseline=closing,
-                            refused_by_headroom=measure.refused(ctx))
+    return measurements(ctx), closing
+
+
+def _grid(ctx: Context) -> Analysis:
+    """A grid sweep: the opening windows, the closing baseline, Holm over the family."""
+    opening, closing = windows(ctx)
+    return analyze(opening, ctx.spec.promote, closing_baseline=closing,
+                   refused_by_headroom=measure.refused(ctx))
 
 
 def _raced(ctx: Context, progress: rounds.SearchState
@@ -100,9 +115,7 @@ def _raced(ctx: Context, progress: rounds.SearchState
                                       "windows missing; run the sweep again to finish it"])
     if progress.problems:
         raise AnalysisError(list(progress.problems))
-    base = ctx.baseline()
-    ms = [m for m in measure.plan_measurements(ctx) if m.stage != "schedule"]
-    opening, later = split_baseline(ms, base.hash if base is not None else "")
+    opening, later = windows(ctx)
     states = dict(progress.states)
     return analyze(opening, final_rules(ctx.spec.promote), closing_baseline=later,
                    refused_by_headroom=measure.refused(ctx), race=states), states
@@ -126,6 +139,8 @@ def decide(ctx: Context) -> Decided:
     versus = predict.versus(predict.point_speedups(result), ctx.ledger.measurements(),
                             ctx.plan.engine_configs, kv_capacity=ctx.kv_capacity())
     routed = service_routing(ctx, result)
+    opening, later = windows(ctx)
+    others = beside.beside(opening, ctx.spec.promote, later)
     files = report.write_report(result, ctx.workdir / "report",
                                 rounds=progress.rounds if progress is not None else (),
                                 schedules=progress.schedules if progress is not None else {},
@@ -133,7 +148,7 @@ def decide(ctx: Context) -> Decided:
                                 names={ec.hash: ec.name for ec in ctx.plan.engine_configs},
                                 curves=predict.curves(ctx.ledger.measurements(),
                                                       ctx.plan.engine_configs),
-                                services=routed)
+                                services=routed, beside=others)
     promotable, problems = check_schedules(result, ctx.spec.backend.vllm_command,
                                            ctx.facts.label)
     if progress is not None:
@@ -174,7 +189,7 @@ def decide(ctx: Context) -> Decided:
             ctx.went_offline(exc)
     return Decided(True, problems, files.report, list(files.plots), promotions, table, reval,
                    tuple(w.text() for w in result.slowed), tuple(s.text() for s in routed),
-                   tuple(output_realism(ctx)))
+                   tuple(output_realism(ctx)), tuple(beside.lines(result.classes, others)))
 
 
 SHORT_OUTPUTS = 0.5
@@ -306,7 +321,7 @@ def outcome_summary(ctx: Context, outcome: Decided) -> SweepSummary:
         table=outcome.table,
         windows=len(entries), ok=sum(e.measurement.ok for e in entries),
         slowed=list(outcome.slowed), services=list(outcome.services),
-        realism=list(outcome.realism),
+        realism=list(outcome.realism), beside=list(outcome.beside),
         unlogged=sum(not e.logged for e in entries),
         tracking_uri=ctx.spec.tracking.uri, tracking_error=ctx.tracking_error,
         experiment=experiment_name(ctx.loaded), parent_run_id=ctx.parent_run_id,

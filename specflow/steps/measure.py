@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 from specflow.decision.aggregate import to_measure_again
-from specflow.decision.capacity import LOAD_FAILURES, next_step
+from specflow.decision.capacity import LOAD_FAILURES, dithered, next_step
 from specflow.engine import device, vllm_check
 from specflow.engine.runner import Window, run_engine
 from specflow.engine.server import EngineFailure, EngineStartError, FailureKind
@@ -87,7 +87,9 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
     """Measure the windows of `ec` that are not finished yet; finished ones are not redone.
     With a planned `start`, each window records its place in the run order and its round."""
     finished = done(ctx)
-    todo = [w for w in windows if w.key(ec).id not in finished]
+    todo = [replace(w, request_rate=dithered(w.request_rate, w.key(ec).id))
+            if w.search and w.request_rate is not None else w
+            for w in windows if w.key(ec).id not in finished]
     summary = UnitResult(engine=ec.name, hash=ec.hash, skipped=len(windows) - len(todo))
     todo += steps(ctx, ec, windows)
     if not todo:
@@ -122,10 +124,8 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
 def done(ctx: Context) -> set[str]:
     """Windows not to measure again: those that succeeded, and a capacity search's windows that
     failed under their load (a rate that does not hold is the search's answer there)."""
-    promote = ctx.spec.promote
-    return ctx.ledger.finished() | {
-        m.key.id for m in ctx.ledger.measurements() if m.failure in LOAD_FAILURES
-        and m.request_rate is not None and promote.objective_for(m.traffic_class) == "capacity"}
+    return ctx.ledger.finished() | {m.key.id for m in ctx.ledger.measurements()
+                                    if m.failure in LOAD_FAILURES and m.searched}
 
 
 def to_measure(ctx: Context, ec: EngineConfig, windows: Sequence[Window]) -> list[Window]:
@@ -141,8 +141,7 @@ def steps(ctx: Context, ec: EngineConfig, windows: Sequence[Window]) -> list[Win
     the engine start measures after its planned windows, and what a run that was stopped
     mid-search goes on with."""
     promote = ctx.spec.promote
-    searching = [w for w in windows if w.request_rate is not None
-                 and promote.objective_for(w.traffic_class) == "capacity"]
+    searching = [w for w in windows if w.search]
     if not searching:
         return []
     done: dict[str, list[Measurement]] = {}

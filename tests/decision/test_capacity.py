@@ -19,6 +19,8 @@ from specflow.decision.capacity import (
     StartCapacity,
     Step,
     bracket,
+    decided,
+    dithered,
     estimate,
     holds,
     next_rate,
@@ -30,11 +32,12 @@ from specflow.decision.capacity import (
 from specflow.decision.choose import analyze
 from specflow.decision.wording import decision_rows
 from specflow.engine.runner import plan_windows
-from specflow.records.measurement import STEP, Measurement
+from specflow.records.measurement import STEP, Measurement, WindowKey
 from specflow.results.console import decision_lines, deploy_lines
 from specflow.results.report import markdown
+from specflow.search.plan import Shape, observed_costs
 from specflow.spec.errors import SpecError
-from specflow.spec.schema import CapacitySpec, PromoteSpec, SloSpec
+from specflow.spec.schema import ArrivalSpec, CapacitySpec, PromoteSpec, SloSpec
 from tests.builders import BASELINE, Cand, engine, sweep, window
 
 NGRAM = engine("ngram-n8", "ngram", 8)
@@ -162,7 +165,8 @@ def test_a_search_reads_as_one_record_of_its_capacity() -> None:
     assert one.output_throughput == held.output_throughput
     assert score(one, CAPACITY) == one.request_rate and math.isnan(score(ms[0], CAPACITY))
     assert searches([one], CAPACITY) == [one]
-    assert searches(ms, None) == ms and searches(ms, PromoteSpec()) == ms  # not a capacity class
+    # a throughput class decides on none of it (a search beside its objective, `beside`)
+    assert decided(ms, PromoteSpec()) == [] and decided(ms, CAPACITY) == [one]
     # an engine that died mid-search: the search failed with that failure
     broken = _searched([window(BASELINE, 100.0, workload="chat", cls="chat")], start=1.0,
                        broken_at=2)
@@ -220,25 +224,34 @@ def test_a_failed_search_counts_as_a_failed_window() -> None:
     assert a.result("chat").decisions[0].outcome == "promote"
 
 
-def test_a_capacity_class_is_one_search_point_and_says_what_it_needs() -> None:
-    """`promote.objectives.code: capacity`: the workload's one rate is where each search starts,
-    one point named `<workload>@capacity`; the search's settings are checked; a capacity class
-    without an arrival, with several rates, as a service, or in an adaptive race is a problem
-    naming the field, all at once."""
+def test_a_workload_measured_every_way_is_its_points_and_says_what_it_needs() -> None:
+    """One workload measured three ways: at offered rates (latency), by a capacity search from
+    a rate (one point, `<workload>@capacity`) and closed loop (`closed_loop: true`); each
+    window knows what it answers, and the class is decided on its objective's points. A class
+    without a point of its objective, a service decided on capacity, or capacity in an adaptive
+    race is a problem naming the field, all at once; the search's settings are checked."""
     spec = load(["experiment=cpu_demo", "workload=[code_completion,classify]",
-                 "workload.code_completion.arrival={request_rate: [2]}",
-                 "+promote.objectives.code=capacity", "promote.capacity.slo={p99_e2el_ms: 900}",
-                 "promote.capacity.target_load=30", "sweep.search=exhaustive"]).spec
-    opened = {n: w for n, w in spec.workload.items() if w.arrival is not None}
-    assert list(opened) == ["code_completion@capacity"]
-    assert opened["code_completion@capacity"].arrival.request_rate == [2.0]
+                 "workload.code_completion.arrival={request_rate: [2], capacity_from: 4, "
+                 "closed_loop: true}", "+promote.objectives.code=capacity",
+                 "promote.capacity.slo={p99_e2el_ms: 900}", "promote.capacity.target_load=30",
+                 "sweep.search=exhaustive"]).spec
+    points = {n: w.arrival for n, w in spec.workload.items() if w.traffic_class == "code"}
+    assert points == {"code_completion": None,
+                      "code_completion@2rps": ArrivalSpec(request_rate=[2.0], burstiness=1.0),
+                      "code_completion@capacity": ArrivalSpec(capacity_from=4.0,
+                                                              burstiness=1.0)}
     assert spec.promote.objective_for("code") == "capacity"
     assert spec.promote.capacity_slo == SloSpec(p99_e2el_ms=900)
     windows = plan_windows(spec.workload, dict.fromkeys(spec.workload, Path("x.jsonl")),
                            [4], 2, 0)
-    assert {(w.workload, w.request_rate, w.repeat) for w in windows
-            if w.traffic_class == "code"} == {("code_completion@capacity", 2.0, 0),
-                                              ("code_completion@capacity", 2.0, 1)}
+    code = {(w.workload, w.request_rate, w.search) for w in windows if w.traffic_class == "code"}
+    assert code == {("code_completion", None, False), ("code_completion@2rps", 2.0, False),
+                    ("code_completion@capacity", 4.0, True)}
+    answers = {w: dataclasses.replace(window(BASELINE, 1.0, workload=w, cls="code"),
+                                      request_rate=r).answers for w, r, _ in code}
+    assert answers == {
+        "code_completion": "throughput", "code_completion@2rps": "latency",
+        "code_completion@capacity": "capacity"}
     with pytest.raises(SpecError) as err:
         load(["experiment=cpu_demo", "workload=[code_completion,classify]",
               "workload.code_completion.arrival={request_rate: [2, 4]}",
@@ -246,9 +259,15 @@ def test_a_capacity_class_is_one_search_point_and_says_what_it_needs() -> None:
     got = {p.path: p for p in err.value.problems}
     assert set(got) == {"workload.code_completion.arrival", "workload.classify.arrival",
                         "sweep.search"}, got
-    assert "starts from one rate" in got["workload.code_completion.arrival"].problem
-    assert "decided on capacity" in got["workload.classify.arrival"].problem
+    assert "decided on capacity" in got["workload.code_completion.arrival"].problem
+    assert "capacity_from: req/s" in got["workload.classify.arrival"].expected
     assert "decided on capacity" in got["sweep.search"].problem
+    with pytest.raises(SpecError) as err:  # throughput, with nothing closed loop
+        load(["experiment=cpu_demo", "workload=[code_completion]",
+              "workload.code_completion.arrival={capacity_from: 4}"])
+    (p,) = err.value.problems
+    assert p.path == "workload.code_completion.arrival" and p.got == {"capacity_from": 4.0}
+    assert "arrival.closed_loop: true" in p.expected
     with pytest.raises(SpecError) as err:
         load(["experiment=cpu_demo", "promote.capacity.floor=5", "promote.capacity.ceiling=2"])
     assert [(p.path, p.got) for p in err.value.problems] == [
@@ -259,3 +278,28 @@ def test_a_capacity_class_is_one_search_point_and_says_what_it_needs() -> None:
               "sweep.search=exhaustive"])
     assert [p.path for p in err.value.problems] == ["promote.objectives.assistant"]
     assert "capacity is measured at offered rates" in err.value.problems[0].problem
+
+
+def test_a_planned_capacity_window_costs_its_steps() -> None:
+    """The race projects a round's engine seconds per planned window: a search costs its steps'
+    windows together (here a closed-loop window of 10 s and a search of 3 steps of 4 s: 11 s
+    a planned window on average), so a budget in engine seconds holds for capacity classes."""
+    closed = dataclasses.replace(window(BASELINE, 100.0, workload="chat", cls="chat"),
+                                 duration_s=10.0)
+    steps = [dataclasses.replace(
+        window(BASELINE, 100.0, workload="chat@capacity", cls="chat"), duration_s=4.0,
+        key=WindowKey(BASELINE.hash, "chat@capacity", 1, k * STEP)) for k in range(3)]
+    shape = Shape(design="race", baseline=BASELINE.hash, candidates=(),
+                  workloads={"chat": "chat", "chat@capacity": "chat"}, concurrency=(1,),
+                  repeats=2, closing_repeats=0)
+    assert observed_costs([closed, *steps], shape)[1] == pytest.approx((10.0 + 12.0) / 2)
+
+
+def test_a_search_starts_near_its_rate_dithered_by_its_key() -> None:
+    """Each search starts within a factor sqrt(2) of the stated rate, the same for the same key
+    (a resumed search starts where it did), spread over that range across searches."""
+    starts = [dithered(16.0, f"e/chat@capacity/c4/r{r}") for r in range(400)]
+    assert all(16.0 / math.sqrt(2) <= s < 16.0 * math.sqrt(2) for s in starts)
+    assert dithered(16.0, "e/chat@capacity/c4/r0") == starts[0]
+    logs = np.log2(np.asarray(starts) / 16.0)
+    assert abs(float(logs.mean())) < 0.05 and 0.25 < float(logs.std()) < 0.33  # uniform: 0.29

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from specflow.config.compose import load
-from specflow.decision.capacity import next_step
+from specflow.decision.capacity import dithered, next_step
 from specflow.demo import traces
 from specflow.records.measurement import STEP, Measurement
 from specflow.results.ledger import Ledger
@@ -46,9 +46,11 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     decided on mean end-to-end latency. Guaranteed at any machine speed: every 200 req/s window
     is overload (the queue grew), reported in the console and the report and never scored;
     no 1.5 req/s window is; the class is decided (latency objective) from the 1.5 req/s point
-    alone, and anything promoted there is n-gram.
+    alone, and anything promoted there is n-gram. Measured closed loop too, the code class's
+    throughput is answered beside its latency decision, with whether the two agree.
     On the same starts, the classify class (two-token answers) is decided on capacity within
-    p99 e2el <= 300 ms: two searches per engine from 16 req/s, each rate a window. Guaranteed at
+    p99 e2el <= 300 ms: two searches per engine from about 16 req/s (dithered), each rate a
+    window. Guaranteed at
     any machine speed: every search offers the rates the bracketing names after what it found
     (doubling while the SLO holds, halving while not, then the bracket's midpoint) and ends
     complete, in the ledger as steps of its planned window; the console prints each engine's
@@ -58,10 +60,10 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     args = ["experiment=cpu_demo", "drafter=[none,ngram]",
             "workload=[trace,code_completion,classify]",
             "workload.code_completion.num_prompts=12", "workload.classify.num_prompts=24",
-            "workload.classify.arrival={request_rate: [16]}",
+            "workload.classify.arrival={capacity_from: 16}",
             "+promote.objectives.classify=capacity", "promote.capacity.slo={p99_e2el_ms: 300}",
             "promote.capacity.resolution=0.5", "promote.capacity.target_load=500",
-            "workload.code_completion.arrival={request_rate: [1.5, 200]}",
+            "workload.code_completion.arrival={request_rate: [1.5, 200], closed_loop: true}",
             "+promote.objectives.code=latency", "promote.latency_statistic=mean_e2el_ms",
             f"workload.trace.source.path={trace}", "workload.trace.num_prompts=16",
             "workload.trace.max_tokens=192", "workload.trace.input_len=400", "service=[shared]",
@@ -102,7 +104,7 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     ledger = Ledger(tmp_path / "work", sweep_dir.name)
     searched = [m for m in ledger.measurements() if m.traffic_class == "classify"]
     every = [m for m in ledger.measurements() if m.ok and m not in searched]
-    assert len(every) == len(ledger.measurements()) - len(searched) == 20  # 2 x 5 x 2, all ok
+    assert len(every) == len(ledger.measurements()) - len(searched) == 24  # 2 x 6 x 2, all ok
     _capacity(searched, out + proc.stderr, report, args)
     # open loop: the offered rate far beyond the engine overloads it, reported, never scored
     opened = [m for m in every if m.key.workload.startswith("code_completion@")]
@@ -116,10 +118,15 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     assert re.search(r"\S+ code_completion@200rps c4 r0: ok, .*OVERLOAD at 200 req/s",
                      out + proc.stderr), (out + proc.stderr)[-3000:]
     assert "overload: the baseline does not keep up at code_completion@200rps c=4" in report
+    side = re.search(r"^code c4: decided for latency \(mean_e2el_ms\): (promote ngram-n8 \(.*?\)"
+                     r"|off|unresolved); throughput: (promote ngram-n8 \(.*?\)|off|unresolved): "
+                     r"(they agree|they disagree|not all concluded)$", out, re.M)
+    assert side, out[-3000:]  # the closed-loop windows answered beside, never decided on
+    assert "### `code` decided for throughput, beside" in report
     for engine in ("baseline", "ngram-n8"):  # no usable window there: none scored
         assert re.search(rf"^\| {engine} \| code_completion@200rps \| 4 \| 0 \| overload x2 \|",
                          report, re.M), report[-3000:]
-    ms = [m for m in every if m not in opened]
+    ms = [m for m in every if not m.key.workload.startswith("code_completion")]
     datasets = {p.name.rsplit("-", 1)[0]: p for p in (sweep_dir / "datasets").iterdir()
                 if not p.name.startswith(("code_completion", "classify"))}
     asked = {w: [json.loads(x)["output_tokens"] for x in p.read_text().splitlines()]
@@ -161,7 +168,7 @@ def test_a_trace_sweep_decides_per_class_and_for_the_service_and_keeps_prompts_h
     results = [json.loads(p.read_text()) for p in files if p.name == "result.json"]
     private = [r for r in results if all(len(t) == 64 and set(t) <= set("0123456789abcdef")
                                          for t in r["generated_texts"])]
-    assert len(results) == 20 + len(searched) and len(private) == 12  # the code and classify
+    assert len(results) == 24 + len(searched) and len(private) == 12  # the code and classify
     # classes' texts are not private
     # no engine log either, not even with the code class's (not private) windows: the engine
     # served the trace's requests too; the code windows keep their own bench logs
@@ -199,7 +206,8 @@ def _capacity(steps: list[Measurement], out: str, report: str, args: list[str]) 
     for key, ms in searches.items():
         ms.sort(key=lambda m: m.key.step)
         assert [m.key.step for m in ms] == list(range(len(ms))), key
-        assert ms[0].request_rate == 16.0 and ms[0].key.repeat == key[1]
+        assert ms[0].request_rate == dithered(16.0, ms[0].key.id)  # near 16, per search
+        assert ms[0].key.repeat == key[1]
         for k in range(1, len(ms)):  # each rate the one the bracketing named after the others
             assert ms[k].request_rate == next_step(ms[:k], promote), (key, k)
             assert ms[k].key.repeat == key[1] + k * STEP
