@@ -22,9 +22,10 @@ holds the truth (target >= 0.90).
 The real engine: the CPU demo's agreeing target, the baseline and n-gram N=8 (the code class's
 winner), `--engine-starts` engine starts each; each start searches the rates from about 2 req/s
 (dithered by its key) at most 8 requests in flight (the engine's max_num_seqs), each window
-about `--window-s` long (rate x that many code prompts, at least 16) answered in `--max-tokens` tokens, the SLO p99
-end-to-end latency <= `--p99-e2el-ms`, counted from each request's arrival (the wait under
-the cap included, `specflow.engine.runner.latency_stats`). Prints
+about `--window-s` long (rate x that many code prompts, at least 16) answered in
+`--max-tokens` tokens, the SLO p99 end-to-end latency <= `--p99-e2el-ms`, counted from each
+request's arrival (the wait under the cap included, `specflow.engine.runner.latency_stats`).
+Prints
 each start's steps, each config's capacity with its interval and engine starts spent,
 `capacity_ratio` (n-gram over baseline) with its interval, and the replicas 20 req/s would need;
 the last line is one JSON object of the figures.
