@@ -144,13 +144,13 @@ def steps(ctx: Context, ec: EngineConfig, windows: Sequence[Window]) -> list[Win
     searching = [w for w in windows if w.search]
     if not searching:
         return []
-    done: dict[str, list[Measurement]] = {}
+    found: dict[str, list[Measurement]] = {}
     for m in ctx.ledger.measurements():
         if m.key.engine_hash == ec.hash:
-            done.setdefault(m.key.planned.id, []).append(m)
+            found.setdefault(m.key.planned.id, []).append(m)
     out = []
     for w in searching:
-        ms = sorted(done.get(w.key(ec).id, []), key=lambda m: m.key.step)
+        ms = sorted(found.get(w.key(ec).id, []), key=lambda m: m.key.step)
         rate = next_step(ms, promote) if ms else None
         if rate is not None:
             out.append(replace(w, request_rate=rate,
