@@ -98,15 +98,14 @@ def windows(ctx: Context) -> tuple[list[Measurement], list[Measurement]]:
     return measurements(ctx), closing
 
 
-def _grid(ctx: Context) -> Analysis:
+def _grid(ctx: Context, opening: list[Measurement], closing: list[Measurement]) -> Analysis:
     """A grid sweep: the opening windows, the closing baseline, Holm over the family."""
-    opening, closing = windows(ctx)
     return analyze(opening, ctx.spec.promote, closing_baseline=closing,
                    refused_by_headroom=measure.refused(ctx))
 
 
-def _raced(ctx: Context, progress: rounds.SearchState
-           ) -> tuple[Analysis, dict[BandKey, Any]]:
+def _raced(ctx: Context, progress: rounds.SearchState, opening: list[Measurement],
+           later: list[Measurement]) -> tuple[Analysis, dict[BandKey, Any]]:
     """A racing sweep: every round's windows, decided under the race's final band states."""
     if progress.current is not None:
         left = sum(1 for s in progress.current.starts for k in s.window_keys()
@@ -115,31 +114,33 @@ def _raced(ctx: Context, progress: rounds.SearchState
                                       "windows missing; run the sweep again to finish it"])
     if progress.problems:
         raise AnalysisError(list(progress.problems))
-    opening, later = windows(ctx)
     states = dict(progress.states)
     return analyze(opening, final_rules(ctx.spec.promote), closing_baseline=later,
                    refused_by_headroom=measure.refused(ctx), race=states), states
 
 
-def analyse(ctx: Context) -> tuple[Analysis, rounds.SearchState | None]:
-    """The sweep's analysis from its records (and a racing sweep's replayed rounds); raises
-    AnalysisError when the data cannot carry a decision."""
+def analyse(ctx: Context, found: tuple[list[Measurement], list[Measurement]] | None = None
+            ) -> tuple[Analysis, rounds.SearchState | None]:
+    """The sweep's analysis from its records (`found`: its `windows`, read here when None; a
+    racing sweep's rounds replayed); raises AnalysisError when the data cannot carry a
+    decision."""
+    opening, later = found if found is not None else windows(ctx)
     if ctx.spec.sweep.design == "race":
         progress = measure.progress(ctx)
-        return _raced(ctx, progress)[0], progress
-    return _grid(ctx), None
+        return _raced(ctx, progress, opening, later)[0], progress
+    return _grid(ctx, opening, later), None
 
 
 def decide(ctx: Context) -> Decided:
     """Analyse every finished window, write the report and plots, promote per traffic class."""
+    opening, later = windows(ctx)
     try:
-        result, progress = analyse(ctx)
+        result, progress = analyse(ctx, (opening, later))
     except AnalysisError as exc:
         return _no_decision(ctx, list(getattr(exc, "problems", None) or [str(exc)]))
     versus = predict.versus(predict.point_speedups(result), ctx.ledger.measurements(),
                             ctx.plan.engine_configs, kv_capacity=ctx.kv_capacity())
     routed = service_routing(ctx, result)
-    opening, later = windows(ctx)
     others = beside.beside(opening, ctx.spec.promote, later)
     files = report.write_report(result, ctx.workdir / "report",
                                 rounds=progress.rounds if progress is not None else (),

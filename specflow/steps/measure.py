@@ -124,8 +124,8 @@ def run_config(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
 def done(ctx: Context) -> set[str]:
     """Windows not to measure again: those that succeeded, and a capacity search's windows that
     failed under their load (a rate that does not hold is the search's answer there)."""
-    return ctx.ledger.finished() | {m.key.id for m in ctx.ledger.measurements()
-                                    if m.failure in LOAD_FAILURES and m.searched}
+    return {m.key.id for m in ctx.ledger.measurements()
+            if m.ok or (m.failure in LOAD_FAILURES and m.searched)}
 
 
 def to_measure(ctx: Context, ec: EngineConfig, windows: Sequence[Window]) -> list[Window]:

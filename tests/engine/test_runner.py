@@ -330,7 +330,8 @@ def baseline(setup: dict[str, Any]) -> dict[str, Any]:
 
     def again(measured: Sequence[Measurement]) -> list[Window]:
         """As a racing start does for a window outside load slowed: the c=1 window once more
-        (warm-up requests asked for, which the warm engine must not run)."""
+        (warm-up requests asked for, which the warm engine must not run), every time it is
+        asked (the runner measures a window once)."""
         asked.append([m.key.id for m in measured])
         return [replace(windows[1], repeat=AGAIN)]
 
@@ -342,7 +343,9 @@ def baseline(setup: dict[str, Any]) -> dict[str, Any]:
         unsalted = _prefix_hits_unsalted(_record(ms[0])["base_url"], prompt)
     finally:
         rest = list(runs)  # the window measured again, then the engine stops
-    assert asked == [[m.key.id for m in ms]]
+    # asked again after the window it returned (it returns the same one: nothing new, so the
+    # engine stops)
+    assert asked == [[m.key.id for m in ms], [m.key.id for m in (*ms, *rest)]]
     return {"bad-path": bad_ms, "baseline": ms[:2], "long": ms[2:], "unsalted_hits": unsalted,
             "again": rest}
 
