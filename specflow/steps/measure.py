@@ -161,12 +161,12 @@ def steps(ctx: Context, ec: EngineConfig, windows: Sequence[Window]) -> list[Win
 def measure_after(ctx: Context, ec: EngineConfig, windows: Sequence[Window],
                   start: EngineStart | None) -> Callable[[Sequence[Measurement]], list[Window]]:
     """What an engine start measures after its planned windows, until there is none: each
-    capacity search's next rate (`steps`), and on a racing start each window outside load
-    slowed, once more (`slowed_again`)."""
-    slowed = slowed_again(ctx, ec, windows, start) if start is not None else None
+    capacity search's next rate (`steps`), and on a racing start, once, right after the planned
+    windows, each window outside load slowed (`slowed_again`, as the race's simulation has it)."""
+    slowed = [slowed_again(ctx, ec, windows, start)] if start is not None else []
 
     def pick(measured: Sequence[Measurement]) -> list[Window]:
-        return steps(ctx, ec, windows) + (slowed(measured) if slowed is not None else [])
+        return steps(ctx, ec, windows) + (slowed.pop()(measured) if slowed else [])
 
     return pick
 
