@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: setup demo test test-slow test-light test-fast lint bench clean browser
+.PHONY: setup demo test test-slow test-light test-fast lint bench clean browser prometheus
 
 setup: $(STAMP)
 
@@ -51,13 +51,13 @@ SUITE = light=$$(mktemp -d); \
 	echo "=== make lint and the light tests (make test-light, at the lowest priority) ==="; \
 	cat "$$light/log"; rm -rf "$$light"; [ $$heavy = 0 ] && [ $$light_rc = 0 ]
 
-test: setup browser
+test: setup browser prometheus
 	@$(SUITE)
 
 # The suite on a slowed machine, as this shared one sometimes is (~1.7x): one busy process
 # beside it for the whole run, on no core of its own (it takes turns with both workers). Every
 # test must pass here too; docs/development.md says what a real-engine test may assert.
-test-slow: setup browser
+test-slow: setup browser prometheus
 	@$(BIN)/python -c 'while True: pass' & busy=$$!; trap 'kill $$busy' EXIT; $(SUITE)
 
 # Headless Chromium for the MLflow UI test, from the distribution's packages (apt, as root);
@@ -68,6 +68,16 @@ browser:
 	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; } \
 	} || echo "no chromium (install the distribution's package): the MLflow UI check is skipped"
+
+# Prometheus and promtool for the watch tests (a real Prometheus scraping a real vLLM server),
+# from the distribution's packages (apt, as root; not started as a service); without them those
+# checks are skipped, saying so.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; } \
+	} || echo "no prometheus (install the distribution's package): the watch-through-Prometheus checks are skipped"
 
 # The checks, then the light tests alone (about a minute: tests/conftest.py, LIGHT).
 test-light: lint

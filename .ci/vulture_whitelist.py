@@ -42,6 +42,7 @@ _.p99_e2el_ms
 _._kv_shared_has_no_layers
 _._needs_hub_only_for_hf
 _._one_way
+_._one_source  # spec/schema.py WatchSpec (a pydantic validator)
 _._ordered
 _._has_layers
 _._confirm_starts_within_their_most

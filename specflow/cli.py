@@ -1,7 +1,7 @@
 """Command line: `python -m specflow [command] [hydra overrides] [--cfg job]`.
 
 Commands: run (default: the main job), compile, headroom, build-models, vllm-check, restore,
-compare, profile, traffic.
+compare, profile, traffic, watch, alerts, reference.
 Invalid configuration exits 2 with one line per problem and no traceback.
 """
 
@@ -52,6 +52,15 @@ DESCRIPTION = """commands:
                  [--num-prompts N] [--json]: what a request log holds before anything runs
                  (classes and shares, input/output tokens, turns, tool use, request rate);
                  its problems by file:line, exit 2 (docs/traces.md)
+  watch          watch CLASS watch.metrics_url=URL | watch.prometheus_url=URL [--json]: the
+                 champion's live acceptance (vLLM's spec-decode counters, in windows) against
+                 its measured profile, with intervals; exit 0: as measured, 3: worse beyond
+                 noise, 4: no traffic (docs/watching.md)
+  alerts         alerts [CLASS ...] [--out DIR]: Prometheus alerting rules and a Grafana
+                 dashboard for the promoted champions (thresholds: their measured bands)
+  reference      reference FILE [--out FILE]: import a published acceptance-length curve
+                 (CSV or JSON of N and acceptance length) for watch.reference and compare
+                 (`compare SWEEP reference:FILE`)
 
 overrides are Hydra's: group=option (target=qwen3_8b), group=[a,b] for drafter/workload/service,
 key=value (sweep.repeats=5), +key=value to add, ~key to delete.
@@ -59,7 +68,7 @@ key=value (sweep.repeats=5), +key=value to add, ~key to delete.
 (python -m specflow -m target=qwen3_8b,llama3_1_8b hardware=h200: two sweeps).
 """
 
-WITH_ARGS = ("restore", "compare", "profile", "traffic")
+WITH_ARGS = ("restore", "compare", "profile", "traffic", "watch", "alerts", "reference")
 """Commands that take positional arguments besides the overrides."""
 
 CFG_VIEWS = ("job", "all")
@@ -68,7 +77,9 @@ CFG_VIEWS = ("job", "all")
 VALUES = {"--cfg": one_of(CFG_VIEWS), "--markdown": "a file to write",
           "--out": "a directory to write to", "--class-field": "a dotted path (metadata.route)",
           "--format": "one of ['openai', 'spec_bench', 'speed_bench']",
-          "--tokenizer": "a local tokenizer directory", "--num-prompts": "a positive integer"}
+          "--tokenizer": "a local tokenizer directory", "--num-prompts": "a positive integer",
+          "--export": "one of ['speculation_profile', 'acceptance_length']",
+          "--n": "a positive integer (N)"}
 """What each option with a value expects (for its problem line)."""
 
 
@@ -108,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="DIR", help="traffic: count tokens with it")
     p.add_argument("--num-prompts", metavar="N", type=int,
                    help="traffic: a class with fewer requests is a problem")
+    p.add_argument("--export", metavar="FORMAT", help="profile: speculation_profile (the "
+                   "speculation_profile.json shape) or acceptance_length (one number)")
+    p.add_argument("--n", metavar="N", type=int, help="profile --export: at this N")
     return p
 
 
@@ -116,7 +130,7 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
     ns, unknown = parser().parse_known_intermixed_args(list(argv))
     problems = [Problem("argv", "unknown option", a, one_of(
         ["--cfg", "--no-vllm-check", "--json", "--markdown", "--out", "--multirun", "--help",
-         "--class-field", "--format", "--tokenizer", "--num-prompts"]))
+         "--class-field", "--format", "--tokenizer", "--num-prompts", "--export", "--n"]))
         for a in unknown if a.startswith("-")]  # (argparse also hands back the words after)
     words: list[str] = ns.words
     bare = [w for w in words if "=" not in w and not w.startswith(("~", "+"))]
@@ -128,7 +142,8 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str], Flags]:
                                       ("markdown", ns.markdown), ("out", ns.out),
                                       ("multirun", ns.multirun), ("class_field", ns.class_field),
                                       ("format", ns.format), ("tokenizer", ns.tokenizer),
-                                      ("num_prompts", ns.num_prompts))
+                                      ("num_prompts", ns.num_prompts), ("export", ns.export),
+                                      ("n", ns.n))
                     if v not in (None, False)}
     overrides = words
     if command in WITH_ARGS:
@@ -346,6 +361,8 @@ def cmd_compare(overrides: list[str], flags: Flags) -> int:
         raise SpecError([Problem("compare", "needs two sweeps", args,
                                  "compare A B [--markdown FILE] [overrides]")])
     spec = load(overrides).spec
+    if args[1].startswith(REFERENCE_PREFIX):
+        return _compare_reference(spec, args[0], args[1][len(REFERENCE_PREFIX):], flags)
     where = {"workdir": spec.tracking.workdir, "tracking_uri": spec.tracking.uri,
              "output_dir": spec.promote.output_dir}
     problems, sides = [], []
@@ -366,6 +383,60 @@ def cmd_compare(overrides: list[str], flags: Flags) -> int:
     if flags.get("markdown"):
         Path(flags["markdown"]).write_text(comparing.markdown(cmp), encoding="utf-8")
     return comparing.exit_code(cmp)
+
+
+REFERENCE_PREFIX = "reference:"
+
+
+def _compare_reference(spec: Any, sweep: str, path: str, flags: Flags) -> int:
+    """`compare SWEEP reference:FILE`: the sweep's measured acceptance length at each N held
+    against a reference curve; exit 3 when some N is worse beyond noise, 4 when none is
+    comparable."""
+    from specflow.decision import watch as rules
+    from specflow.results import comparing
+    from specflow.search import profiles
+    from specflow.spec.profile import import_curve
+
+    problems = []
+    try:
+        ref = import_curve(path)
+    except ValueError as exc:
+        problems.append(Problem("compare B", str(exc), f"{REFERENCE_PREFIX}{path}",
+                                "reference:FILE, a CSV or JSON of N and acceptance length"))
+    try:
+        side = comparing.resolve(sweep, "compare A", workdir=spec.tracking.workdir,
+                                 tracking_uri=spec.tracking.uri,
+                                 output_dir=spec.promote.output_dir)
+    except SpecError as exc:
+        problems += exc.problems
+    if problems:
+        raise SpecError(problems)
+    found = profiles.build(side.measurements, side.pins, sweep_id=side.sweep_id,
+                           confidence=spec.promote.confidence)
+    got = rules.against_reference(found, ref, confidence=spec.promote.confidence,
+                                  tolerance=spec.promote.tie_tolerance)
+    if flags.get("json"):
+        sys.stdout.write(json.dumps([{
+            "traffic_class": c.traffic_class, "drafter": c.drafter, "n": c.n,
+            "measured": [c.row.live.value, c.row.live.lo, c.row.live.hi] if c.row.live else None,
+            "reference": c.row.reference.value if c.row.reference else None,
+            "verdict": c.row.verdict} for c in got], indent=2) + "\n")
+    else:
+        sys.stdout.write(f"{side.label} against reference {ref.name}: acceptance length\n")
+        for c in got:
+            live, want = c.row.live, c.row.reference
+            assert live is not None and want is not None
+            sys.stdout.write(f"  {c.traffic_class} {c.drafter} N={c.n}: {live.value:.3f} "
+                             f"[{live.lo:.3f}, {live.hi:.3f}] vs {want.value:.3f}: "
+                             f"{c.row.verdict}\n")
+        if not got:
+            sys.stdout.write("  nothing comparable: no measured N of " + (
+                f"drafter {ref.drafter}" if ref.drafter else f"method {ref.method}"
+                if ref.method else "any drafter") + " is on the curve "
+                f"(N = {', '.join(str(p.n) for p in ref.points)})\n")
+    if not got:
+        return comparing.EXIT_NOT_COMPARABLE
+    return comparing.EXIT_REGRESSION if any(c.row.verdict == rules.WORSE for c in got) else 0
 
 
 def cmd_profile(overrides: list[str], flags: Flags) -> int:
@@ -394,6 +465,8 @@ def cmd_profile(overrides: list[str], flags: Flags) -> int:
                                  "acceptance" + (" there" if args[1:] else ""), args,
                                  "a sweep with a speculative engine's windows (and a traffic "
                                  "class and drafter it measured)")])
+    if flags.get("export"):
+        return _export_profiles(found, flags)
     if flags.get("json"):
         sys.stdout.write(json.dumps([p.model_dump(mode="json") for p in found], indent=2) + "\n")
     for p in found:
@@ -410,6 +483,153 @@ def cmd_profile(overrides: list[str], flags: Flags) -> int:
                 f"{p.model}{': ' + p.why if p.why else ''}; {p.windows} windows"
                 + (f" -> {Path(flags['out']) / profiles.file_name(p)}" if flags.get("out")
                    else "") + "\n")
+    return 0
+
+
+EXPORTS = ("speculation_profile", "acceptance_length")
+
+
+def _export_profiles(found: Sequence[Any], flags: Flags) -> int:
+    """`profile ... --export speculation_profile|acceptance_length [--n N] [--out DIR]`: each
+    profile in the fields planners and simulators read (`speculation_profile.json`'s shape), or
+    its acceptance length at N alone (a planner's scalar input)."""
+    from pathlib import Path
+
+    from specflow.search import profiles
+    from specflow.spec.profile import speculation_profile
+
+    fmt, n = flags["export"], flags.get("n")
+    problems = []
+    if fmt not in EXPORTS:
+        problems.append(Problem("--export", "unknown export format", fmt, one_of(EXPORTS)))
+    for p in found:
+        if n is not None and not 1 <= n <= p.n_max:
+            problems.append(Problem("--n", f"{p.traffic_class}/{p.drafter} measured N = 1.."
+                                    f"{p.n_max}", n, f"an N in 1..{p.n_max}"))
+    if problems:
+        raise SpecError(problems)
+    for p in found:
+        at = n or p.n_max
+        if fmt == "acceptance_length":
+            al = p.acceptance_length(at)
+            text = f"{al.value if al else 1 + sum(p.synthetic_rates()[:at]):.4f}\n"
+        else:
+            text = json.dumps(speculation_profile(p, at), indent=2) + "\n"
+        if flags.get("out"):
+            stem = profiles.file_name(p).removesuffix(".json")
+            path = Path(flags["out"]) / (f"{stem}.speculation_profile.json" if fmt ==
+                                          "speculation_profile" else f"{stem}.n{at}.txt")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            sys.stdout.write(f"{p.traffic_class} {p.drafter} N={at} -> {path}\n")
+        else:
+            sys.stdout.write(text if len(found) == 1 or fmt != "acceptance_length" else
+                             f"{p.traffic_class} {p.drafter} N={at}: {text}")
+    return 0
+
+
+def cmd_watch(overrides: list[str], flags: Flags) -> int:
+    """A class's champion as it serves, held against its measured profile
+    (specflow.steps.watch); exit 0, 3 (worse beyond noise) or 4 (no traffic)."""
+    from specflow.config.compose import load
+    from specflow.engine.watching import WatchError
+    from specflow.steps import watch
+
+    args = list(flags.get("args") or [])
+    if len(args) != 1:
+        raise SpecError([Problem("watch", "needs one traffic class", args,
+                                 "watch CLASS watch.metrics_url=URL (or watch.prometheus_url="
+                                 "URL) [overrides] [--json]")])
+    spec = load(overrides).spec
+    target = watch.resolve(spec, args[0])
+    quiet = bool(flags.get("json"))
+    if not quiet:
+        err.print(f"watching {target.traffic_class}"
+                  + (f" (champion {target.champion})" if target.champion else "")
+                  + f": {spec.watch.windows} windows of {spec.watch.window_s:g} s from "
+                  + (spec.watch.metrics_url or f"Prometheus at {spec.watch.prometheus_url}"))
+    try:
+        got = watch.run(spec, target, None if quiet else
+                        lambda w: err.print(escape(watch.window_line(w))))
+    except WatchError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        return EXIT_INVALID
+    if quiet:
+        sys.stdout.write(json.dumps(watch.as_json(target, got), indent=2) + "\n")
+    else:
+        sys.stdout.write(watch.table(target, got))
+    return watch.exit_code(got)
+
+
+def cmd_alerts(overrides: list[str], flags: Flags) -> int:
+    """Prometheus alerting rules and a Grafana dashboard for the promoted champions."""
+    from pathlib import Path
+
+    from specflow.config.compose import load
+    from specflow.steps import alerts, watch
+
+    spec = load(overrides).spec
+    args = list(flags.get("args") or [])
+    classes = args or watch.promoted_classes(spec)
+    if not classes:
+        raise SpecError([Problem("alerts", "no champion that speculates", str(
+            spec.promote.output_dir), "a promote.output_dir with promoted classes")])
+    found = []
+    problems = []
+    for cls in classes:
+        try:
+            target = watch.resolve(spec.model_copy(update={"watch": spec.watch.model_copy(
+                update={"metrics_url": "http://127.0.0.1/metrics", "prometheus_url": None})}),
+                cls)
+        except SpecError as exc:
+            problems += exc.problems
+            continue
+        n = target.n or (target.profile.n_max if target.profile else 1)
+        selector = spec.watch.selector or (f'{{model_name="{target.served}"}}'
+                                           if target.served else "")
+        found.append(alerts.Watched(cls, target.champion or "-", target.profile.drafter
+                                    if target.profile else "-", selector, target.expected(n)))
+    if problems:
+        raise SpecError(problems)
+    out = Path(flags.get("out") or Path(spec.promote.output_dir) / "alerts")
+    out.mkdir(parents=True, exist_ok=True)
+    w = spec.watch
+    (out / "specflow-rules.yml").write_text(alerts.rules_yaml(
+        found, window_s=w.alert_window, for_s=w.alert_for, tolerance=w.tolerance),
+        encoding="utf-8")
+    (out / "specflow-dashboard.json").write_text(json.dumps(alerts.dashboard(
+        found, window_s=w.alert_window), indent=2) + "\n", encoding="utf-8")
+    for a in found:
+        sys.stdout.write(f"{a.traffic_class}: champion {a.version} ({a.drafter}, "
+                         f"N={a.expected.n}), series {a.selector or '(all)'}\n")
+    sys.stdout.write(f"-> {out / 'specflow-rules.yml'}, {out / 'specflow-dashboard.json'}\n")
+    return 0
+
+
+def cmd_reference(overrides: list[str], flags: Flags) -> int:
+    """Import a published acceptance-length curve as a reference (specflow.reference)."""
+    from pathlib import Path
+
+    from specflow.spec.profile import import_curve
+
+    args = list(flags.get("args") or [])
+    if len(args) != 1:
+        raise SpecError([Problem("reference", "needs one file", args,
+                                 "reference FILE [--out FILE]")])
+    try:
+        ref = import_curve(args[0])
+    except ValueError as exc:
+        raise SpecError([Problem("reference FILE", str(exc), args[0], "a CSV or JSON of N and "
+                                 "acceptance length")]) from None
+    text = json.dumps(ref.model_dump(mode="json"), indent=2) + "\n"
+    if flags.get("out"):
+        Path(flags["out"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(flags["out"]).write_text(text, encoding="utf-8")
+    if flags.get("json") or not flags.get("out"):
+        sys.stdout.write(text)
+    else:
+        sys.stdout.write(f"{ref.name}: acceptance length " + ", ".join(
+            f"N={p.n} {p.acceptance_length:g}" for p in ref.points) + f" -> {flags['out']}\n")
     return 0
 
 
@@ -528,6 +748,9 @@ COMMANDS: dict[str, Callable[[list[str], Flags], int]] = {
     "restore": cmd_restore,
     "compare": cmd_compare,
     "profile": cmd_profile,
+    "watch": cmd_watch,
+    "alerts": cmd_alerts,
+    "reference": cmd_reference,
     "vllm-check": cmd_vllm_check,
     "traffic": cmd_traffic,
 }

@@ -49,7 +49,7 @@ LIGHT = (
     "tests/results/test_ledger.py", "tests/results/test_report.py", "tests/records/",
     "tests/steps/", "tests/engine/test_device.py", "tests/engine/test_server.py",
     "tests/pipelines/test_k8s_template.py", "tests/stats/", "tests/test_glossary.py",
-    "tests/spec/test_traces.py",
+    "tests/spec/test_traces.py", "tests/spec/test_profile_exchange.py",
 )
 
 

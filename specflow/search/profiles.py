@@ -19,6 +19,7 @@ import numpy as np
 from scipy import stats
 
 from specflow.decision.requests import buckets, ratio_interval
+from specflow.decision.watch import ratio_band
 from specflow.records.measurement import Measurement
 from specflow.search import predict
 from specflow.spec.profile import AcceptanceProfile, CurvePoint, Interval, LengthBin
@@ -101,6 +102,17 @@ def _curve(accs: Mapping[int, predict.Acceptance], n_max: int, chain: bool, conf
     return tuple(points), why
 
 
+def _tokens_per_step(windows: Sequence[Measurement], confidence: float) -> Interval | None:
+    """Generated tokens per target step, pooled over the windows (`watch.ratio_band`: the
+    same estimate `watch` makes of live counters)."""
+    got = [(float(m.accepted_tokens), float(m.total_output_tokens - m.accepted_tokens))
+           for m in windows if m.accepted_tokens is not None and m.total_output_tokens]
+    band = ratio_band([a for a, _ in got], [s for _, s in got], confidence, 1.0) if got else None
+    return None if band is None else Interval(value=round(band.value, 4),
+                                              lo=round(max(1.0, band.lo), 4),
+                                              hi=round(band.hi, 4))
+
+
 def _temperature(m: Measurement, default: Mapping[str, float]) -> float:
     got = m.sampling.get("temperature")
     return float(got) if isinstance(got, int | float) and not isinstance(got, bool) else \
@@ -142,7 +154,7 @@ def build(measurements: Sequence[Measurement], pins: Mapping[str, str], *, sweep
             n_max=n_max, rates=_rates(accs[n_max], confidence), curve=curve,
             model="chain" if chain and not why else "measured per N", why=why,
             histogram=_histogram(top), by_prompt_length=_by_length(top, confidence, drafter),
-            windows=len(accs[n_max].windows)))
+            windows=len(accs[n_max].windows), tokens_per_step=_tokens_per_step(top, confidence)))
     return out
 
 

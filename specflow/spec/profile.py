@@ -89,6 +89,16 @@ class AcceptanceProfile(_Profile):
     by_prompt_length: tuple[LengthBin, ...] = ()
     windows: int
     """Windows behind `rates`."""
+    tokens_per_step: Interval | None = None
+    """Generated tokens per target step at N = n_max (generated / (generated - accepted), pooled
+    over its windows): acceptance length counts only steps that drafted, this counts every step
+    (a drafter that finds nothing to propose brings it to 1). None in profiles written before it
+    was recorded."""
+
+    def acceptance_length(self, n: int) -> Interval | None:
+        """Acceptance length at N = n: measured there, else predicted (a chain), else None."""
+        point = next((c for c in self.curve if c.n == n), None)
+        return None if point is None else point.measured or point.predicted
 
     def synthetic_rates(self) -> list[float]:
         """Per-position rates for vLLM's synthetic sampler: non-increasing, as vLLM requires
@@ -97,6 +107,144 @@ class AcceptanceProfile(_Profile):
         for band in self.rates:
             out.append(min(max(0.0, min(1.0, band.value)), out[-1] if out else 1.0))
         return [round(r, 4) for r in out]
+
+
+def speculation_profile(p: AcceptanceProfile, n: int | None = None) -> dict[str, object]:
+    """The profile at N = n (default n_max) in the fields planners and simulators read: the
+    `speculation_profile.json` shape proposed for NVIDIA's Model Optimizer (marginal and
+    conditional per-position acceptance, mean acceptance length, the method and whether the
+    length extrapolates over N, the measurement conditions). vLLM's counters give no per-step
+    acceptance-length histogram; the per-request one is `per_request_acceptance_length_histogram`.
+    """
+    n = p.n_max if n is None else n
+    if not 1 <= n <= p.n_max:
+        raise ValueError(f"N={n} is not measured by this profile (N = 1..{p.n_max})")
+    marginal = p.synthetic_rates()[:n]
+    conditional = [m / (marginal[i - 1] if i else 1.0) if (marginal[i - 1] if i else 1.0) else 0.0
+                   for i, m in enumerate(marginal)]
+    al = p.acceptance_length(n)
+    return {
+        "schema_version": 1, "producer": "specflow", "method": p.method,
+        "accept_length_model": "chain_analytic" if p.model == "chain" else "measured_per_k",
+        "verification_method": "longest_prefix", "num_speculative_tokens": n,
+        "target_model": {"name": p.target}, "draft_checkpoint": {"name": p.drafter_model or
+                                                                 p.drafter},
+        "marginal_accept_rates": [round(x, 6) for x in marginal],
+        "conditional_accept_rates": [round(x, 6) for x in conditional],
+        "mean_accept_length": round(al.value if al else 1 + sum(marginal), 6),
+        "mean_accept_length_interval": [al.lo, al.hi] if al else None,
+        "per_request_acceptance_length_histogram": dict(p.histogram) if n == p.n_max else None,
+        "measurement_conditions": {
+            "dataset": p.traffic_class, "workloads": list(p.workloads),
+            "temperature": p.temperature, "vllm": p.vllm, "windows": p.windows,
+            "confidence": p.confidence, "specflow_sweep": p.sweep_id,
+            "measured_at_n": p.n_max},
+    }
+
+
+REFERENCE_KIND: Literal["specflow.reference"] = "specflow.reference"
+
+
+class ReferencePoint(_Profile):
+    """A reference's acceptance length at one N, with its interval where it was published."""
+
+    n: int = Field(ge=1)
+    acceptance_length: float = Field(ge=1)
+    lo: float | None = None
+    hi: float | None = None
+
+
+class ReferenceCurve(_Profile):
+    """A published or earlier acceptance-length curve (e.g. InferenceX's golden curves:
+    acceptance length per N), imported by `python -m specflow reference FILE`; `watch` and
+    `compare` hold a measurement against it."""
+
+    kind: Literal["specflow.reference"] = REFERENCE_KIND
+    version: Literal[1] = 1
+    name: str
+    source: str = ""
+    target: str | None = None
+    drafter: str | None = None
+    method: str | None = None
+    dataset: str | None = None
+    points: tuple[ReferencePoint, ...] = Field(min_length=1)
+
+    def at(self, n: int) -> ReferencePoint | None:
+        return next((p for p in self.points if p.n == n), None)
+
+
+_N_KEYS = ("n", "num_speculative_tokens", "k", "draft_length", "spec_tokens")
+_AL_KEYS = ("acceptance_length", "al", "mean_acceptance_length", "accept_length", "mal",
+            "mean_accept_length")
+
+
+def _curve_rows(rows: Sequence[dict[str, object]], where: str) -> list[ReferencePoint]:
+    out = []
+    for i, row in enumerate(rows, 1):
+        low = {str(k).strip().lower(): v for k, v in row.items()}
+        n = next((low[k] for k in _N_KEYS if k in low), None)
+        al = next((low[k] for k in _AL_KEYS if k in low), None)
+        if n is None or al is None:
+            raise ValueError(f"{where} row {i}: needs an N column ({', '.join(_N_KEYS)}) and an "
+                             f"acceptance-length column ({', '.join(_AL_KEYS)}); got "
+                             f"{sorted(low)}")
+        try:
+            point = ReferencePoint(n=int(str(n)), acceptance_length=float(str(al)),
+                                   lo=float(str(low["lo"])) if low.get("lo") not in (None, "")
+                                   else None,
+                                   hi=float(str(low["hi"])) if low.get("hi") not in (None, "")
+                                   else None)
+        except (ValueError, ValidationError) as exc:
+            raise ValueError(f"{where} row {i}: N={n!r}, acceptance length={al!r}: not a whole "
+                             f"N >= 1 and a length >= 1 ({str(exc).splitlines()[0]})") from None
+        out.append(point)
+    return out
+
+
+def import_curve(path: str | Path, name: str | None = None) -> ReferenceCurve:
+    """A reference curve from a file: a reference already (`specflow.reference`), a JSON list
+    of rows or an `{N: length}` object, or a CSV with a header; metadata (`name`, `source`,
+    `target`, `drafter`, `method`, `dataset`) from a JSON object's keys beside its `points` or
+    `curve`. ValueError says what is wrong."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read it: {exc.strerror or exc}") from exc
+    meta: dict[str, object] = {"name": name or p.stem, "source": str(p.name)}
+    if p.suffix.lower() == ".csv":
+        import csv
+        import io
+
+        rows: list[dict[str, object]] = list(csv.DictReader(io.StringIO(text)))
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc.msg}, line {exc.lineno}) nor a .csv file") from None
+        if isinstance(data, dict) and data.get("kind") == REFERENCE_KIND:
+            try:
+                return ReferenceCurve.model_validate(data)
+            except ValidationError as exc:
+                raise ValueError(f"not a reference curve ({exc.errors()[0]['msg']})") from None
+        if isinstance(data, dict) and isinstance(data.get("points", data.get("curve")), list):
+            meta.update({k: str(v) for k, v in data.items()
+                         if k in ("name", "source", "target", "drafter", "method", "dataset")})
+            rows = list(data.get("points", data.get("curve")) or [])
+        elif isinstance(data, dict):
+            rows = [{"n": k, "acceptance_length": v} for k, v in data.items()]
+        elif isinstance(data, list):
+            rows = data
+        else:
+            raise ValueError("expected rows of N and acceptance length")
+        if not all(isinstance(r, dict) for r in rows):
+            raise ValueError("expected rows of N and acceptance length (objects)")
+    points = _curve_rows(rows, p.name)
+    if not points:
+        raise ValueError("no rows")
+    if len({q.n for q in points}) != len(points):
+        raise ValueError("an N appears twice")
+    return ReferenceCurve.model_validate({**meta, "points": sorted(points, key=lambda q: q.n)})
 
 
 def read(path: str | Path) -> AcceptanceProfile:

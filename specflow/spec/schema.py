@@ -917,6 +917,58 @@ class HeadroomSpec(_Model):
     """Use the real device memory (NVML/amdsmi) when a matching device is present."""
 
 
+class WatchSpec(_Model):
+    """`python -m specflow watch CLASS`: a serving champion's live speculative-decoding counters
+    held against what was measured when it was chosen (docs/watching.md)."""
+
+    metrics_url: str | None = Field(default=None, pattern=r"^https?://")
+    """A vLLM server's /metrics (e.g. http://127.0.0.1:8000/metrics), read every `scrape_s`
+    for `windows` windows of `window_s`."""
+    prometheus_url: str | None = Field(default=None, pattern=r"^https?://")
+    """Or a Prometheus server scraping the vLLM servers (e.g. http://127.0.0.1:9090): its
+    query_range API over the last `windows` x `window_s` seconds, at `scrape_s` steps."""
+    selector: Annotated[str, BeforeValidator(
+        lambda v: v if not isinstance(v, str) or v.startswith("{") else "{" + v + "}"),
+        Field(pattern=r"^\{[^{}]*\}$")] | None = None
+    """PromQL label matchers for the champion's servers, braces optional: on the command line
+    `'watch.selector=job="vllm",model_name="x"'` (null: `{model_name="<the champion's served
+    model name>"}` where it has one)."""
+    window_s: Seconds = 300.0
+    """A window: the counters' increments over this many seconds (one point of the interval)."""
+    windows: int = Field(default=6, ge=2, le=10_000)
+    """Windows per watch; the verdict needs two with traffic."""
+    end: float | None = Field(default=None, gt=0)
+    """With watch.prometheus_url: the end of the span read (Unix seconds; null: now)."""
+    scrape_s: Seconds = 15.0
+    """Seconds between two readings of the counters (a restart between two readings loses
+    what it served since the first, as Prometheus's rate() does)."""
+    profile: str | None = None
+    """An acceptance profile file to hold the counters against (null: the champion's, from
+    the sweep that promoted it)."""
+    reference: str | None = None
+    """Or a reference curve (`python -m specflow reference`): acceptance length per N."""
+    num_speculative_tokens: int | None = Field(default=None, ge=1)
+    """N the servers run (null: the champion's; else as many positions as the counters have)."""
+    tolerance: float = Field(default=0.05, ge=0, lt=1)
+    """A change smaller than this fraction of the reference is 'as measured' even when it is
+    beyond noise (weeks of traffic make every change significant)."""
+    policy: Literal["report", "resweep"] = "report"
+    """On a drop: report it (non-zero exit, a Failed flow run), or also re-sweep the class
+    (the Prefect flow; nothing is demoted on production data alone: the re-sweep decides)."""
+    alert_for: Seconds = 900.0
+    """The emitted alerts fire when a drop lasts this long (`for:` of the rules)."""
+    alert_window: Seconds = 600.0
+    """The rules' rate() window."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WatchSpec:
+        if self.profile is not None and self.reference is not None:
+            raise ProblemError(Problem("reference", "a watch holds the counters against one "
+                                       "thing", self.reference, "watch.profile or "
+                                       "watch.reference, not both"))
+        return self
+
+
 class PathsSpec(_Model):
     """Filesystem locations."""
 
@@ -966,6 +1018,8 @@ class Spec(_Model):
     """Where engine configs run (this process, or a Prefect work pool's workers)."""
     paths: PathsSpec = Field(default_factory=PathsSpec)
     """Filesystem locations."""
+    watch: WatchSpec = Field(default_factory=WatchSpec)
+    """Watching a champion in production."""
     service: dict[Annotated[str, Field(pattern=CLASS_NAME)], ServiceSpec] = Field(
         default_factory=dict)
     """Services to decide for, by name (the name is their traffic class); none by default."""
