@@ -32,6 +32,13 @@ def artifact_key(traffic_class: str) -> str:
     return "specflow-watch-" + re.sub(r"[^a-z0-9-]+", "-", traffic_class.lower()).strip("-")
 
 
+def resweep_overrides(overrides: list[str], workloads: tuple[str, ...]) -> list[str]:
+    """The sweep that re-decides a class after a drop: the watch's own overrides (the experiment,
+    the promote settings), its `watch.*` ones left out, measuring the class's workloads only."""
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(("watch.", "workload="))]
+    return [*kept, f"workload=[{','.join(workloads)}]"] if workloads else kept
+
+
 @flow(name="specflow-watch", flow_run_name="watch {traffic_class}", log_prints=True)
 def watch_flow(traffic_class: str, overrides: list[str]) -> dict[str, Any]:
     """One watch of a class's champion; Failed when its acceptance dropped beyond noise."""
@@ -50,9 +57,8 @@ def watch_flow(traffic_class: str, overrides: list[str]) -> dict[str, Any]:
         if spec.watch.policy == "resweep":
             from pipelines.sweep import sweep_flow
 
-            workloads = ",".join(target.workloads)
-            again = [*overrides, f"workload=[{workloads}]"] if workloads else list(overrides)
-            log.warning("acceptance dropped: re-sweeping %s (%s)", traffic_class, workloads)
+            again = resweep_overrides(overrides, target.workloads)
+            log.warning("acceptance dropped: re-sweeping %s (%s)", traffic_class, again)
             sweep_flow(again, run_label=f"re-sweep {traffic_class} after a watch")
         raise AcceptanceDropped(line)
     return watch.as_json(target, got)

@@ -29,6 +29,7 @@ COSTLIEST_FIRST = (
     "tests/results/test_compare_sweeps.py",
     "tests/pipelines/test_deployment.py",
     "tests/workloads/test_trace_sweep.py",
+    "tests/engine/test_watch.py",
 )
 
 

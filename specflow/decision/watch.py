@@ -292,12 +292,34 @@ def watch(ws: Sequence[Window], expected: Expected, *, confidence: float = 0.95,
         WORSE if WORSE in held else BETTER if BETTER in held else AS_MEASURED)
     if not held:
         notes.append("nothing could be held: no figure has both a live value and a reference")
-    predicted = None
-    for live_b, ref_b in ((tps, expected.tokens_per_step), (al, expected.acceptance_length)):
-        if live_b is not None and ref_b is not None and ref_b.value > 0:
-            predicted = live_b.value / ref_b.value
-            break
-    return Watched(expected, tuple(ws), tuple(rows), outcome, predicted, tuple(notes))
+    coverage = sum(w.drafts for w in live) / max(1.0, sum(steps))
+    return Watched(expected, tuple(ws), tuple(rows), outcome,
+                   _predicted(expected, tps, al, coverage), tuple(notes))
+
+
+def _predicted(e: Expected, tps: Band | None, al: Band | None, coverage: float
+               ) -> float | None:
+    """The factor the live figures predict for the setting's speedup.
+
+    With tokens per step on both sides and the setting's speedup: a step that drafted costs
+    what the measured speedup implies (cost = tokens per step / speedup, split between the
+    steps that drafted, share (tps - 1) / (AL - 1) of them, and those that did not, which cost a
+    plain decode step); the live speedup is the live tokens per step over the live mix of the
+    two. Without the speedup: live / measured tokens per step (else acceptance length), the
+    step's cost taken as unchanged."""
+    ref_tps, ref_al = e.tokens_per_step, e.acceptance_length
+    if tps is not None and ref_tps is not None and ref_tps.value > 0:
+        if (e.speedup and ref_al is not None and ref_al.value > 1
+                and ref_tps.value > 1):
+            share = min(1.0, (ref_tps.value - 1) / (ref_al.value - 1))
+            drafted = (ref_tps.value / e.speedup - (1 - share)) / share
+            live_cost = coverage * drafted + (1 - coverage)
+            if drafted > 0 and live_cost > 0:
+                return tps.value / live_cost / e.speedup
+        return tps.value / ref_tps.value
+    if al is not None and ref_al is not None and ref_al.value > 0:
+        return al.value / ref_al.value
+    return None
 
 
 def _row(figure: str, live: Band | None, ref: Band | None, confidence: float, tolerance: float

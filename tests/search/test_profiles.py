@@ -159,3 +159,38 @@ def test_profile_exports_a_sweeps_profiles(tmp_path: Path) -> None:
     assert none.returncode == 2 and "Traceback" not in none.stderr
     assert "profile: no drafter of this sweep measured per-position acceptance there" in \
         none.stderr
+
+
+def test_compare_holds_a_sweeps_acceptance_length_against_a_published_curve(
+        tmp_path: Path) -> None:
+    """`compare SWEEP reference:FILE`: each measured N on the curve as measured or worse beyond
+    noise (exit 3), a curve of another method not comparable (exit 4); the windows' tokens per
+    step are in the profile (what `watch` holds live traffic against first)."""
+    ms = [dataclasses.replace(m, total_output_tokens=1000, accepted_tokens=
+                              round(400 * sum(m.per_position_acceptance)))
+          if m.method != "none" else m for m in _windows({1: LLAMA_EAGLE3[:1],
+                                                          3: LLAMA_EAGLE3})]
+    ledger = Ledger(tmp_path / "work", "s1")
+    for m in ms:
+        ledger.record(m)
+    (p,) = profiles.build(ms, PINS, sweep_id="s1")
+    assert p.tokens_per_step is not None and p.tokens_per_step.value == pytest.approx(
+        1000 / (1000 - 400 * sum(LLAMA_EAGLE3)), rel=0.02)
+    measured3 = next(c for c in p.curve if c.n == 3).measured
+    assert measured3 is not None
+    curve = tmp_path / "golden.csv"
+    args = [f"tracking.workdir={tmp_path / 'work'}", f"promote.output_dir={tmp_path / 'p'}"]
+    curve.write_text(f"n,acceptance_length\n1,{1 + LLAMA_EAGLE3[0]:.4f}\n3,"
+                     f"{measured3.value:.4f}\n8,4.0\n")
+    same = run_cli("compare", "s1", f"reference:{curve}", *args)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "chat eagle3 N=3: 2.605" in same.stdout and "as measured" in same.stdout
+    curve.write_text("n,acceptance_length\n3,3.1\n")
+    worse = run_cli("compare", "s1", f"reference:{curve}", *args)
+    assert worse.returncode == 3 and "worse beyond noise" in worse.stdout, worse.stdout
+    other = tmp_path / "dspark.json"
+    other.write_text(json.dumps({"method": "dspark", "points": [{"n": 3, "al": 3.7}]}))
+    none = run_cli("compare", "s1", f"reference:{other}", *args)
+    assert none.returncode == 4 and "nothing comparable" in none.stdout, none.stdout
+    bad = run_cli("compare", "s1", f"reference:{tmp_path / 'missing.csv'}", *args)
+    assert bad.returncode == 2 and "compare B: cannot read it" in bad.stderr, bad.stderr

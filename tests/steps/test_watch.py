@@ -131,3 +131,19 @@ def test_alerts_are_rules_and_a_dashboard_per_champion_with_its_bands(tmp_path: 
     with contextlib.redirect_stderr(err):
         code = cli.main(["alerts", f"promote.output_dir={tmp_path / 'empty'}"])
     assert code == 2 and "alerts: no champion that speculates" in err.getvalue()
+
+
+def test_a_resweep_measures_the_class_under_the_watchs_own_settings_and_serving_refuses_early(
+        tmp_path: Path) -> None:
+    from pipelines.watch import artifact_key, main, resweep_overrides
+
+    assert resweep_overrides(
+        ["experiment=cpu_demo", "watch.metrics_url=http://h/metrics", "+watch.x=1",
+         "workload=[chat]", "promote.output_dir=/p"], ("code_completion", "code_long")) == [
+        "experiment=cpu_demo", "promote.output_dir=/p", "workload=[code_completion,code_long]"]
+    assert resweep_overrides(["experiment=cpu_demo"], ()) == ["experiment=cpu_demo"]
+    assert artifact_key("Sql_Agent.v2") == "specflow-watch-sql-agent-v2"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["math", f"promote.output_dir={tmp_path}", URL]) == 2
+    assert "no champion of this class to watch" in err.getvalue()
