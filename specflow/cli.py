@@ -55,7 +55,7 @@ DESCRIPTION = """commands:
   watch          watch CLASS watch.metrics_url=URL | watch.prometheus_url=URL [--json]: the
                  champion's live acceptance (vLLM's spec-decode counters, in windows) against
                  its measured profile, with intervals; exit 0: as measured, 3: worse beyond
-                 noise, 4: no traffic (docs/watching.md)
+                 noise, 4: no traffic or nothing to hold (docs/watching.md)
   alerts         alerts [CLASS ...] [--out DIR]: Prometheus alerting rules and a Grafana
                  dashboard for the promoted champions (thresholds: their measured bands)
   reference      reference FILE [--out FILE]: import a published acceptance-length curve
@@ -578,9 +578,7 @@ def cmd_alerts(overrides: list[str], flags: Flags) -> int:
     problems = []
     for cls in classes:
         try:
-            target = watch.resolve(spec.model_copy(update={"watch": spec.watch.model_copy(
-                update={"metrics_url": "http://127.0.0.1/metrics", "prometheus_url": None})}),
-                cls)
+            target = watch.resolve(spec, cls, source=False)
         except SpecError as exc:
             problems += exc.problems
             continue

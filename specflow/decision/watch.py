@@ -243,7 +243,9 @@ class Watched:
     windows: tuple[Window, ...]
     rows: tuple[Row, ...]
     outcome: Literal["as measured", "better", "worse beyond noise", "no traffic",
-                     "too few windows"]
+                     "too few windows", "nothing to hold"]
+    """`nothing to hold`: no figure had both a live value and a reference (a reference curve
+    has acceptance length only, and the servers drafted nothing)."""
     predicted: float | None = None
     """The live over the reference tokens per step (else acceptance length): the factor the
     change predicts for the speedup."""
@@ -288,10 +290,11 @@ def watch(ws: Sequence[Window], expected: Expected, *, confidence: float = 0.95,
         ref_i = expected.rates[i] if i < len(expected.rates) else None
         rows.append(_row(f"position {i + 1}", live_i, ref_i, confidence, tolerance))
     held = [r.verdict for r in rows if r.verdict is not None]
-    outcome: Literal["as measured", "better", "worse beyond noise"] = (
-        WORSE if WORSE in held else BETTER if BETTER in held else AS_MEASURED)
+    outcome: Literal["as measured", "better", "worse beyond noise", "nothing to hold"] = (
+        WORSE if WORSE in held else BETTER if BETTER in held else AS_MEASURED if held
+        else "nothing to hold")
     if not held:
-        notes.append("nothing could be held: no figure has both a live value and a reference")
+        notes.append("no figure has both a live value and a reference")
     coverage = sum(w.drafts for w in live) / max(1.0, sum(steps))
     return Watched(expected, tuple(ws), tuple(rows), outcome,
                    _predicted(expected, tps, al, coverage), tuple(notes))

@@ -79,23 +79,29 @@ def parse_page(text: str, t: float, labels: Mapping[str, str] | None = None) -> 
 
 
 def scrape(url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0,
-           labels: Mapping[str, str] | None = None) -> Scraped:
-    """Read a server's /metrics now; an unreachable server is a reading without values (a
-    restart in progress), anything else wrong is a WatchError."""
+           labels: Mapping[str, str] | None = None, *, first: bool = False) -> Scraped:
+    """Read a server's /metrics now. An unreachable server is a reading without values (a
+    restart in progress), and so is any other failure after the `first` reading (a server
+    starting answers errors for a while); on the first, an answer that is not a /metrics page
+    is a WatchError saying so."""
     t = time.time()
     try:
         resp = httpx.get(url, headers=dict(headers or {}), timeout=timeout,
                          follow_redirects=True)
     except httpx.HTTPError as exc:
         return Scraped(Reading(t, {}, f"unreachable: {type(exc).__name__}"), (), False, False)
-    if resp.status_code != 200:
-        raise WatchError(f"{url} answered HTTP {resp.status_code}: not a vLLM server's /metrics "
-                         "(vLLM serves them at http://HOST:PORT/metrics)")
     try:
-        got = parse_page(resp.text, t, labels)
-    except ValueError as exc:
-        raise WatchError(f"{url} is not a Prometheus /metrics page ({exc})") from None
-    return got
+        if resp.status_code != 200:
+            raise WatchError(f"{url} answered HTTP {resp.status_code}: not a vLLM server's "
+                             "/metrics (vLLM serves them at http://HOST:PORT/metrics)")
+        try:
+            return parse_page(resp.text, t, labels)
+        except ValueError as exc:
+            raise WatchError(f"{url} is not a Prometheus /metrics page ({exc})") from None
+    except WatchError as exc:
+        if first:
+            raise
+        return Scraped(Reading(t, {}, str(exc)), (), False, False)
 
 
 def check_server(first: Scraped, url: str) -> None:

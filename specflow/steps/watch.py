@@ -90,21 +90,20 @@ def _bare(target: str) -> str:
     return target.rsplit("@", 1)[0] if "@" in target else target
 
 
-def resolve(spec: Spec, traffic_class: str) -> Watching:
+def resolve(spec: Spec, traffic_class: str, *, source: bool = True) -> Watching:
     """What the class's watch holds the counters against; SpecError (exit 2) with every
-    problem."""
+    problem. `source`: the watch reads servers, so it needs exactly one source (`alerts`
+    does not)."""
     w = spec.watch
     problems: list[Problem] = []
     if not promote.is_plain_name(traffic_class):
         raise SpecError([Problem("watch CLASS", "not a plain traffic class name", traffic_class,
                                  promote.PLAIN)])
-    if (w.metrics_url is None) == (w.prometheus_url is None):
+    if source and (w.metrics_url is None) == (w.prometheus_url is None):
         problems.append(Problem("watch.metrics_url", "a watch reads one source", None if
                                 w.metrics_url is None else w.metrics_url, "watch.metrics_url "
                                 "(a server's /metrics) or watch.prometheus_url, one of them"))
     champ = promote.champion(spec.promote.output_dir, traffic_class)
-    if champ is not None and champ.outcome != "promote":
-        champ = None if (w.profile or w.reference) else champ
     speedup = n = served = None
     if champ is not None and champ.outcome == "promote":
         n = champ.engine.num_speculative_tokens
@@ -143,14 +142,17 @@ def resolve(spec: Spec, traffic_class: str) -> Watching:
                                     f"'{champ.engine.drafter}'", w.profile or prof.drafter,
                                     f"a profile of '{champ.engine.drafter}'"))
         path = _model_path(champ.serve_argv)
-        if path is not None and _bare(prof.target) not in (path, Path(path).name):
+        # a path relative to where the sweep ran, or a hub id beside its local copy: the same
+        # target when the last components agree
+        if path is not None and Path(_bare(prof.target)).name != Path(path).name:
             problems.append(Problem("watch.profile", f"is a profile of target '{prof.target}'; "
                                     f"the {traffic_class} champion serves '{path}'",
                                     w.profile or prof.target, f"a profile of '{path}'"))
     if problems:
         raise SpecError(problems)
     return Watching(traffic_class, prof, reference, n, speedup, served,
-                    str(champ.version) if champ is not None else None,
+                    str(champ.version) if champ is not None and champ.outcome == "promote"
+                    else None,
                     prof.workloads if prof is not None else ())
 
 
@@ -203,7 +205,7 @@ def read_direct(url: str, selector: str | None, window_s: float, count: int, scr
     """Read a server's /metrics every `scrape_s` for `count` windows of `window_s`: (start,
     readings). WatchError when the first reading shows no vLLM or no speculative decoding."""
     labels = _labels(selector)
-    first = watching.scrape(url, labels=labels)
+    first = watching.scrape(url, labels=labels, first=True)
     watching.check_server(first, url)
     start = first.reading.t
     readings = [first.reading]
@@ -286,7 +288,7 @@ def run(spec: Spec, target: Watching, on_window: OnWindow | None = None) -> rule
 def exit_code(got: rules.Watched) -> int:
     if got.dropped:
         return EXIT_DROP
-    if got.outcome in ("no traffic", "too few windows"):
+    if got.outcome in ("no traffic", "too few windows", "nothing to hold"):
         return EXIT_NOTHING
     return 0
 

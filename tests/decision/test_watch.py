@@ -160,6 +160,9 @@ def test_a_reference_curve_holds_acceptance_length_only_and_the_sweeps_n_against
     assert e is not None and e.acceptance_length is not None and not e.rates
     got = w.watch(w.windows(_steady(0.0, 9), 0.0, 2.0, 4), e)
     assert got.outcome == w.AS_MEASURED  # 1 + 13/10 = 2.3
+    # a curve has no tokens per step: servers that draft nothing cannot be held against it
+    idle = w.watch(w.windows(_steady(0.0, 9, drafts=0), 0.0, 2.0, 4), e)
+    assert idle.outcome == "nothing to hold" and not idle.dropped
     rows = w.against_reference([_profile()], ref)
     assert [(r.n, r.row.verdict) for r in rows] == [(2, w.AS_MEASURED)]
     worse = w.against_reference([_profile()], ReferenceCurve(
