@@ -55,8 +55,6 @@ class Scraped:
     """One /metrics page, read."""
 
     reading: Reading
-    models: tuple[str, ...]
-    """The `model_name` labels of its vLLM series."""
     vllm: bool
     speculative: bool
 
@@ -64,18 +62,14 @@ class Scraped:
 def parse_page(text: str, t: float, labels: Mapping[str, str] | None = None) -> Scraped:
     """A /metrics page's counters (only series whose labels include `labels`)."""
     values: dict[Series, float] = {}
-    models: set[str] = set()
     vllm = speculative = False
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith("vllm:"):
-                vllm = True
-                if "model_name" in s.labels:
-                    models.add(s.labels["model_name"])
+            vllm |= s.name.startswith("vllm:")
             if s.name in COUNTERS and _matches(s.labels, labels or {}):
                 speculative |= s.name != M_GENERATED
                 values[_series(s.name, s.labels)] = float(s.value)
-    return Scraped(Reading(t, values), tuple(sorted(models)), vllm, speculative)
+    return Scraped(Reading(t, values), vllm, speculative)
 
 
 def scrape(url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0,
@@ -89,7 +83,7 @@ def scrape(url: str, headers: Mapping[str, str] | None = None, timeout: float = 
         resp = httpx.get(url, headers=dict(headers or {}), timeout=timeout,
                          follow_redirects=True)
     except httpx.HTTPError as exc:
-        return Scraped(Reading(t, {}, f"unreachable: {type(exc).__name__}"), (), False, False)
+        return Scraped(Reading(t, {}, f"unreachable: {type(exc).__name__}"), False, False)
     try:
         if resp.status_code != 200:
             raise WatchError(f"{url} answered HTTP {resp.status_code}: not a vLLM server's "
@@ -101,7 +95,7 @@ def scrape(url: str, headers: Mapping[str, str] | None = None, timeout: float = 
     except WatchError as exc:
         if first:
             raise
-        return Scraped(Reading(t, {}, str(exc)), (), False, False)
+        return Scraped(Reading(t, {}, str(exc)), False, False)
 
 
 def check_server(first: Scraped, url: str) -> None:

@@ -304,14 +304,12 @@ def _band(b: rules.Band | None, digits: int = 3) -> str:
 
 
 def window_line(w: rules.Window) -> str:
-    al = w.acceptance_length
-    tps = w.tokens_per_step
+    """One window as the console prints it while the watch reads."""
+    al, tps, note = w.acceptance_length, w.tokens_per_step, w.note()
     when = time.strftime("%H:%M:%S", time.gmtime(w.start))
     return (f"window {when}Z +{w.end - w.start:g}s: {w.generated} tokens, {w.drafts} drafts, "
-            f"acceptance length {al:.2f}" if al is not None else
-            f"window {when}Z +{w.end - w.start:g}s: {w.generated} tokens, {w.drafts} drafts, "
-            "acceptance length -") + (f", {tps:.2f} tokens per step" if tps else "") + (
-            f" ({w.note()})" if w.note() else "")
+            f"acceptance length {'-' if al is None else f'{al:.2f}'}"
+            + (f", {tps:.2f} tokens per step" if tps else "") + (f" ({note})" if note else ""))
 
 
 def rows(got: rules.Watched) -> list[dict[str, str]]:
