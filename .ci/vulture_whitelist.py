@@ -90,3 +90,5 @@ timestamp_field
 # carries it to the bench).
 _.output_lengths
 _.target_load  # read by the report from the decision's settings (analysis.settings)
+# Ledger._path: a window file's local path, for the tests that damage one
+_._path

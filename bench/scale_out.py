@@ -21,6 +21,13 @@ flow run's creation to a worker taking it: PENDING), the dispatch overhead per c
 its engine start in the ledger: the flow-run process, Prefect's engine, opening the sweep) and
 engine-seconds (engine start to the flow run's end, summed); then one JSON line with
 wall_ratio_2_vs_1, dispatch_overhead_s (median over every config of both phases) and configs.
+
+The ledger on an object store: the same window records, leases and resume scans written and read
+by a worker (`--store-windows` windows, each: recorded, marked logged, its lease renewed, the
+resume set read) on a local path and on an S3-compatible server on loopback (moto's standalone
+server, started here; `--store-url s3://bucket/prefix` for a real one), as milliseconds per window
+and as a share of the phases' measured seconds per window (`store_overhead_ms_per_window_*`,
+`store_share_of_window`).
 """
 
 from __future__ import annotations
@@ -130,6 +137,50 @@ def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
             "overhead_s": overhead, "queued_s": queued, "engine_s": engine_s}
 
 
+def _store_ms(location: str, windows: int) -> tuple[float, float]:
+    """A worker's ledger traffic at `location`, in milliseconds (medians of 3): per window
+    (recorded, marked logged, its lease renewed) and per engine start (the resume set read
+    over `windows` windows)."""
+    from specflow.results.ledger import renew_lease
+    from tests.builders import BASELINE, window
+
+    per_window, scan = [], []
+    for run in range(3):
+        ledger = Ledger(location, f"bench-{run}-{time.time_ns()}",
+                        scratch=Path(tempfile.mkdtemp(prefix="scratch-")))
+        t0 = time.perf_counter()
+        for i in range(windows):
+            m = window(BASELINE, 100.0 + i, c=1 + i)
+            ledger.record(m)
+            ledger.mark_logged(m.key.id, f"run-{i}")
+            renew_lease(ledger.lease_path("unit"), flow_run_id="r")
+        per_window.append((time.perf_counter() - t0) * 1000 / windows)
+        t0 = time.perf_counter()
+        assert len(ledger.finished()) == windows
+        scan.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(per_window), statistics.median(scan)
+
+
+def _store(a: argparse.Namespace, tmp: Path) -> dict[str, tuple[float, float]]:
+    """The ledger's cost per window on a local path and on an object store."""
+    server = None
+    saved = dict(os.environ)
+    try:
+        url = a.store_url
+        if url is None:
+            server = live.S3Server(tmp).start()
+            os.environ.update(server.env)
+            url = server.bucket("bench") + "/specflow"
+        local = _store_ms(str(tmp / "store-local"), a.store_windows)
+        remote = _store_ms(url, a.store_windows)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        if server is not None:
+            server.stop()
+    return {"local": local, "object_store": remote}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temp directory")
@@ -151,9 +202,15 @@ def main() -> int:
                         help="a running MLflow server (default: start a local `mlflow server`)")
     parser.add_argument("--pool", default=None,
                         help="an existing work pool whose workers serve its deployment")
+    parser.add_argument("--store-url", default=None,
+                        help="an object store for the ledger measurement (default: moto's "
+                             "S3-compatible server on loopback)")
+    parser.add_argument("--store-windows", type=int, default=40,
+                        help="windows per ledger measurement (the resume scan grows with them)")
     a = parser.parse_args()
     if a.smoke:  # 2 windows: promote.min_repeats
         a.ngram, a.prompts, a.tokens, a.repeats, a.workers = "[]", 2, 8, 2, "2"
+        a.store_windows = 5
     counts = [int(n) for n in a.workers.split(",")]
     if a.pool and len(counts) != 1:
         parser.error("--pool runs one phase: give --workers its number of workers")
@@ -180,6 +237,7 @@ def main() -> int:
             mlflow.start()
         uri = a.tracking_uri if mlflow is None else mlflow.uri
         phases = [_phase(n, tmp, env, models, uri, a) for n in counts]
+        store = _store(a, tmp)
     finally:
         if mlflow is not None:
             mlflow.kill()
@@ -207,6 +265,24 @@ def main() -> int:
     figures["dispatch_overhead_s"] = round(statistics.median(
         [s for p in phases for s in p["overhead_s"]]), 1)
     figures["configs"] = phases[0]["configs"]
+    windows = sum(p["configs"] for p in phases) * a.repeats
+    window_ms = 1000 * sum(p["engine_s"] for p in phases) / max(windows, 1)
+    s = Table(title="the ledger's own cost (per window: recorded, marked logged, lease "
+                    f"renewed; per engine start: the resume set read over {a.store_windows} "
+                    "windows)")
+    for c in ("store", "ms per window", "share of a measured window here",
+              "ms per engine start"):
+        s.add_column(c, justify="right")
+    for name, (ms, scan) in store.items():
+        s.add_row(name.replace("_", " "), f"{ms:.1f}", f"{ms / window_ms:.2%}", f"{scan:.0f}")
+    console.print(s)
+    (local_ms, local_scan), (s3_ms, s3_scan) = store["local"], store["object_store"]
+    figures |= {"store_ms_per_window_local": round(local_ms, 1),
+                "store_ms_per_window_object_store": round(s3_ms, 1),
+                "store_ratio_object_vs_local": round(s3_ms / local_ms, 1),
+                "store_share_of_window": round(s3_ms / window_ms, 4),
+                "store_scan_ms_local": round(local_scan), "store_scan_ms_object_store":
+                    round(s3_scan)}
     for n, p in by.items():
         figures |= {f"wall_s_{n}": round(p["wall_s"]),
                     f"queued_s_{n}": round(statistics.median(p["queued_s"]), 1),

@@ -88,7 +88,10 @@ def _lease(path: str, every_s: float, **fields: Any) -> Iterator[None]:
 
     def renew() -> None:
         while not stop.wait(every_s):
-            renew_lease(path, **fields)
+            try:
+                renew_lease(path, **fields)
+            except Exception as exc:  # noqa: BLE001 - the store unreachable: the next tick tries
+                print(f"lease not renewed ({' '.join(str(exc).split())[:200]}); trying again")
             if run_id and not _still_running(run_id, max(every_s, 1.0)):
                 print(f"flow run {run_id} is no longer running: stopping this engine config")
                 os.kill(os.getpid(), signal.SIGTERM)

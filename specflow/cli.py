@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 from rich.markup import escape
 
+from specflow.records.store import StoreError
 from specflow.spec.errors import EXIT_INVALID, Problem, SpecError, did_you_mean, one_of, report
 from specflow.spec.serialize import as_json
 
@@ -251,6 +252,9 @@ def cmd_run(overrides: list[str], flags: Flags) -> int:
 
     overrides = default_overrides(overrides)
     loaded, plan = _checked_plan(overrides, flags)  # invalid input: exit 2 before Prefect starts
+    from specflow.steps.context import check_workdir
+
+    check_workdir(loaded.spec)  # a bucket that does not exist, refused credentials: the same
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     orchestration_env()
@@ -768,6 +772,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[command](overrides, flags)
     except SpecError as exc:
         return report(exc, sys.stderr)
+    except StoreError as exc:  # an object store unreachable past tracking.store_grace_s
+        err.print(f"error: {escape(str(exc))}")
+        return 1
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130

@@ -30,6 +30,7 @@ COSTLIEST_FIRST = (
     "tests/pipelines/test_deployment.py",
     "tests/workloads/test_trace_sweep.py",
     "tests/engine/test_watch.py",
+    "tests/results/test_object_store.py",
 )
 
 

@@ -2,7 +2,8 @@
 show the comparison (a console table, Markdown).
 
 A and B are each one of:
-- a sweep id (a directory under `<tracking.workdir>/sweeps/`) or a sweep directory's path;
+- a sweep id (under `<tracking.workdir>/sweeps/`, a directory or an object store's prefix) or
+  a sweep directory's path or URL (`s3://bucket/prefix/sweeps/<id>`);
 - an MLflow parent run id: its sweep's local ledger when this machine has it, else the windows
   its child runs logged (`measurement.json`) and its `pin.*` tags;
 - `champion:CLASS` (the current champion of a traffic class) or `champion:CLASS@VERSION` (a
@@ -20,7 +21,8 @@ from typing import Any
 
 from specflow.decision.compare import Change, Comparison, SweepSide
 from specflow.records.measurement import MEASUREMENT, Measurement
-from specflow.results.ledger import Ledger
+from specflow.records.store import is_url
+from specflow.results.ledger import Ledger, is_sweep, sweep_ids
 from specflow.spec.errors import Problem, SpecError
 from specflow.spec.serialize import as_json
 
@@ -40,13 +42,7 @@ def _from_ledger(label: str, ledger: Ledger) -> SweepSide:
                      info.measured if info else {}, info.repeats if info else None, ledger.sid)
 
 
-def _sweeps(workdir: Path) -> list[str]:
-    root = workdir / "sweeps"
-    return sorted(p.name for p in root.iterdir() if (p / "windows").is_dir()) \
-        if root.is_dir() else []
-
-
-def _champion(ref: str, output_dir: Path, workdir: Path, what: str) -> SweepSide:
+def _champion(ref: str, output_dir: Path, workdir: str, what: str) -> SweepSide:
     from specflow.champions import promote
 
     spec = ref[len(CHAMPION_PREFIX):]
@@ -68,13 +64,13 @@ def _champion(ref: str, output_dir: Path, workdir: Path, what: str) -> SweepSide
         raise SpecError([Problem(what, "the champion does not name the sweep it was decided on "
                                  "(promoted before champions recorded it)", ref,
                                  "a sweep id or an MLflow run id")])
-    if not (workdir / "sweeps" / sid / "windows").is_dir():
+    if not is_sweep(workdir, sid):
         raise SpecError([Problem(what, f"its sweep {sid} is not under {workdir}/sweeps", ref,
                                  "the tracking.workdir the sweep ran in")])
     return _from_ledger(f"{ref} (sweep {sid})", Ledger(workdir, sid))
 
 
-def _from_mlflow(ref: str, tracking_uri: str, workdir: Path) -> SweepSide | None:
+def _from_mlflow(ref: str, tracking_uri: str, workdir: str) -> SweepSide | None:
     """The sweep of an MLflow parent run: its local ledger, else its logged windows."""
     from specflow.results.tracking import KIND_TAG, SWEEP_TAG, mlflow_client
 
@@ -86,7 +82,7 @@ def _from_mlflow(ref: str, tracking_uri: str, workdir: Path) -> SweepSide | None
     if run.data.tags.get(KIND_TAG) != "sweep":
         return None
     sid = run.data.tags.get(SWEEP_TAG, "")
-    if sid and (workdir / "sweeps" / sid / "windows").is_dir():
+    if sid and is_sweep(workdir, sid):
         return _from_ledger(f"run {ref} (sweep {sid})", Ledger(workdir, sid))
     pins = {k[len("pin."):]: v for k, v in run.data.tags.items() if k.startswith("pin.")}
     children = client.search_runs(
@@ -106,20 +102,26 @@ def resolve(ref: str, what: str, *, workdir: str | Path, tracking_uri: str,
             output_dir: str | Path) -> SweepSide:
     """One side of a comparison from its reference (see the module docstring); SpecError
     (exit 2) naming what was looked for when nothing matches."""
-    workdir, output_dir = Path(workdir).resolve(), Path(output_dir)
+    workdir = str(workdir) if is_url(workdir) else str(Path(workdir).resolve())
+    output_dir = Path(output_dir)
     if ref.startswith(CHAMPION_PREFIX):
         return _champion(ref, output_dir, workdir, what)
-    path = Path(ref).expanduser()
-    if (path / "windows").is_dir():
-        path = path.resolve()
-        return _from_ledger(ref, Ledger(path.parent.parent, path.name))
-    if "/" not in ref and (workdir / "sweeps" / ref / "windows").is_dir():
+    if is_url(ref):
+        root, _, sid = ref.rstrip("/").rpartition("/")
+        if root.endswith("/sweeps") and is_sweep(root.removesuffix("/sweeps"), sid):
+            return _from_ledger(ref, Ledger(root.removesuffix("/sweeps"), sid))
+    else:
+        path = Path(ref).expanduser()
+        if (path / "windows").is_dir():
+            path = path.resolve()
+            return _from_ledger(ref, Ledger(path.parent.parent, path.name))
+    if "/" not in ref and is_sweep(workdir, ref):
         return _from_ledger(ref, Ledger(workdir, ref))
     if _RUN_ID.match(ref):
         found = _from_mlflow(ref, tracking_uri, workdir)
         if found is not None:
             return found
-    known = _sweeps(workdir)
+    known = sweep_ids(workdir)
     raise SpecError([Problem(what, "no sweep, MLflow parent run or champion of that name", ref,
                              "a sweep id (" + (", ".join(known) if known else
                                                f"none under {workdir}/sweeps") +

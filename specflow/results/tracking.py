@@ -83,7 +83,7 @@ MLFLOW_UI = "http://127.0.0.1:5000"
 class Tracker:
     """A thin MLflow client for specflow's runs."""
 
-    def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None):
+    def __init__(self, uri: str, experiment: str, artifact_root: Path | str | None = None):
         self.uri = uri
         self.experiment = experiment
         self.artifact_root = artifact_root
@@ -98,7 +98,9 @@ class Tracker:
         if self._experiment_id is None:
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is None:
-                location = self.artifact_root.resolve().as_uri() if self.artifact_root else None
+                root = self.artifact_root
+                location = (root.resolve().as_uri() if isinstance(root, Path) else root) \
+                    if root else None
                 self._experiment_id = self.client.create_experiment(
                     self.experiment, artifact_location=location,
                     tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})

@@ -553,7 +553,42 @@ SECRET_OPTIONS = {
 """Secret `vllm serve` options, refused in backend.engine.extra_args."""
 
 def _relative_path(value: str) -> bool:
-    return not value.startswith(("/", "~"))
+    return "://" not in value and not value.startswith(("/", "~"))
+
+
+STORE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+                  "abfs": "adlfs", "abfss": "adlfs"}
+"""The package an object-store URL's scheme needs (fsspec's own backends need none)."""
+
+
+def _check_store(spec: Spec) -> list[Problem]:
+    """`tracking.workdir` as a URL: a scheme fsspec knows, its package installed, a bucket
+    named, no credentials written into it."""
+    url = spec.tracking.workdir
+    if "://" not in url or url.startswith("file://"):
+        return []
+    import importlib.util
+
+    import fsspec
+
+    scheme, rest = url.split("://", 1)
+    known = sorted(fsspec.available_protocols())
+    out = []
+    if scheme not in known:
+        out.append(Problem("tracking.workdir", f"{scheme!r} is not a filesystem fsspec knows",
+                           url, "a local path, or a URL such as s3://bucket/prefix, "
+                           "gs://bucket/prefix", did_you_mean(scheme, known)))
+    elif (pkg := STORE_PACKAGES.get(scheme)) and importlib.util.find_spec(pkg) is None:
+        out.append(Problem("tracking.workdir", f"{scheme}:// needs the package {pkg}, which is "
+                           "not installed", url, f"pip install {pkg}"))
+    netloc = rest.split("/", 1)[0]
+    if "@" in netloc:
+        out.append(Problem("tracking.workdir", "credentials written into the URL", Raw(
+            f"{scheme}://***@{netloc.rsplit('@', 1)[1]}/..."), "the backend's environment "
+            "variables (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"))
+    elif not netloc and scheme not in {"memory"}:
+        out.append(Problem("tracking.workdir", "no bucket named", url, f"{scheme}://BUCKET/PREFIX"))
+    return out
 
 
 def _check_dispatch(spec: Spec) -> list[Problem]:
@@ -713,7 +748,7 @@ def compile_plan(spec: Spec, catalog: Catalog = Catalog()) -> SweepPlan:
     host_problems, host_warnings = _check_host(spec)
     problems = [*_check_target(spec), *_check_sweep_drafters(spec, catalog),
                 *_check_bands(spec), *_check_endpoint(spec),
-                *_check_secrets(spec), *_check_dispatch(spec),
+                *_check_secrets(spec), *_check_dispatch(spec), *_check_store(spec),
                 *host_problems]
     warnings = [*_target_warnings(spec.target), *host_warnings]
     configs: list[EngineConfig] = []

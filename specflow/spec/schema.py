@@ -872,7 +872,17 @@ class TrackingSpec(_Model):
     experiment: str | None = None
     """MLflow experiment name; null means `specflow/<target>/<hardware>`."""
     workdir: str = ".specflow"
-    """Local directory for logs, window results and the resume ledger."""
+    """Where the resume ledger (window results, leases, engine starts), reports and profiles
+    go: a local directory, or an object-store URL (`s3://bucket/prefix`, `gs://bucket/prefix`,
+    any fsspec filesystem) that workers on several nodes share without a shared volume. The
+    store's credentials come from its environment variables, never from here."""
+    scratch: str | None = None
+    """With `workdir` a URL: the local directory where each process keeps its own files (engine
+    logs, materialised datasets, report files before upload); null: $XDG_CACHE_HOME/specflow
+    (~/.cache/specflow)."""
+    store_grace_s: Seconds = 300.0
+    """How long an object store that cannot be reached (dropped connections, 5xx) is waited out
+    before the sweep ends with that error (what was written is kept; the same command resumes)."""
 
 
 class DispatchSpec(_Model):

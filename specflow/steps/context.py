@@ -26,6 +26,7 @@ from specflow.demo import tiny
 from specflow.engine import device, vllm_check
 from specflow.engine.runner import RESULT_FILE, Window, output_digests, plan_windows
 from specflow.records.measurement import Measurement
+from specflow.records.store import Store, StoreError, is_url
 from specflow.results.ledger import Ledger, SweepInfo, sweep_id
 from specflow.results.tracking import Tracker
 from specflow.search import predict
@@ -304,7 +305,7 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = 
     if _local_models(loaded):
         tiny.build_all(Path(spec.paths.models))
     measured = measured_settings(spec)
-    ledger = Ledger(Path(spec.tracking.workdir), sweep_id(plan.hash, facts.version, measured))
+    ledger = open_ledger(spec, sweep_id(plan.hash, facts.version, measured))
     pinned = pins(loaded, facts)
     ledger.write_info(SweepInfo(
         sweep_id=ledger.sid, plan_hash=plan.hash, target=plan.target, hardware=plan.hardware,
@@ -326,12 +327,49 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = 
     return ctx
 
 
+def open_ledger(spec: Spec, sid: str) -> Ledger:
+    """The sweep's ledger in `tracking.workdir` (a path or an object-store URL); a store that
+    refuses the credentials, or whose bucket does not exist, is a SpecError naming the
+    setting."""
+    tr = spec.tracking
+    check_workdir(spec)
+    try:
+        return Ledger(tr.workdir, sid, scratch=tr.scratch, grace_s=tr.store_grace_s)
+    except StoreError as exc:
+        raise _store_problem(exc, tr.workdir) from None
+
+
+def check_workdir(spec: Spec) -> None:
+    """SpecError naming `tracking.workdir` unless its store can be listed (the bucket exists,
+    the credentials are accepted); a local directory is created."""
+    try:
+        Store(spec.tracking.workdir, grace_s=spec.tracking.store_grace_s).check()
+    except StoreError as exc:
+        raise _store_problem(exc, spec.tracking.workdir) from None
+
+
+def _store_problem(exc: StoreError, workdir: str) -> SpecError:
+    return SpecError([Problem("tracking.workdir", str(exc).removeprefix("tracking.workdir: ")
+                              .removeprefix(f"{workdir}: "), workdir,
+                              "a store this process can read and write")])
+
+
+def artifact_root(workdir: str, tracking_uri: str) -> Path | str | None:
+    """Where a new experiment keeps its artifacts: beside the ledger (`<workdir>/mlartifacts`);
+    with the ledger on an object store and a tracking server, where the server sends them (its
+    `--artifacts-destination`, proxied: None)."""
+    if not is_url(workdir):
+        return Path(workdir).resolve() / "mlartifacts"
+    return None if tracking_uri.startswith(("http://", "https://")) \
+        else Store(workdir).join("mlartifacts")
+
+
 def _open_tracking(ctx: Context, sync: bool = True) -> None:
     """Reach MLflow and open (or reopen) the sweep's parent run; offline is not fatal."""
     spec = ctx.spec
     try:
         ctx.tracker = Tracker(spec.tracking.uri, experiment_name(ctx.loaded),
-                              Path(spec.tracking.workdir).resolve() / "mlartifacts")
+                              artifact_root(spec.tracking.workdir, spec.tracking.uri))
         ctx.tracker.check()
         run_name = f"sweep {ctx.plan.target} on {ctx.plan.hardware} ({ctx.plan.hash[:8]})"
         ctx.parent_run_id = ctx.tracker.parent(

@@ -65,6 +65,7 @@ def _no_decision(ctx: Context, problems: list[str]) -> Decided:
     path = ctx.workdir / "report" / "report.md"
     atomic_write(path, "# specflow decision report\n\nNo decision: the data cannot carry one.\n\n"
                  + "\n".join(f"- {p}" for p in problems) + "\n")
+    ctx.ledger.publish([path])
     return Decided(False, problems, path, [], [], [])
 
 
@@ -166,6 +167,8 @@ def decide(ctx: Context) -> Decided:
     reval = revalidate(ctx, promotable, champions, promotions, engines, found)
     table = [row for r in result.classes for row in decision_rows(r)]
     acceptance = write_profiles(ctx)
+    ctx.ledger.publish([files.report, *files.plots, *acceptance,
+                        *([reval.markdown] if reval.markdown else [])])
     if ctx.tracker is not None and ctx.parent_run_id is not None:
         ok = sum(1 for m in ctx.ledger.measurements() if m.ok)
         try:

@@ -23,7 +23,7 @@ from specflow.decision.compare import Comparison, SweepSide, compare
 from specflow.decision.model import Analysis, ClassResult, Deployment
 from specflow.records.fsio import atomic_write
 from specflow.results import comparing
-from specflow.results.ledger import Ledger, SweepInfo
+from specflow.results.ledger import Ledger, SweepInfo, sweep_ids
 from specflow.spec.compile import EngineConfig
 from specflow.steps.context import Context
 
@@ -47,15 +47,14 @@ def _same_plan(a: SweepInfo, b: SweepInfo) -> bool:
         sorted(a.measured.get("workload", {})) == sorted(b.measured.get("workload", {}))
 
 
-def previous_sweep(workdir: Path, current: SweepInfo) -> Ledger | None:
-    """The most recently opened other sweep of the same plan under `workdir` (see the module
-    docstring), or None."""
-    root = workdir / "sweeps"
+def previous_sweep(workdir: Path | str, current: SweepInfo) -> Ledger | None:
+    """The most recently opened other sweep of the same plan under `workdir` (a path or an
+    object-store URL; see the module docstring), or None."""
     found: list[tuple[str, Ledger]] = []
-    for d in sorted(root.iterdir()) if root.is_dir() else []:
-        if d.name == current.sweep_id or not (d / "windows").is_dir():
+    for sid in sweep_ids(workdir):
+        if sid == current.sweep_id:
             continue
-        ledger = Ledger(workdir, d.name)
+        ledger = Ledger(workdir, sid)
         info = ledger.info()
         if info is not None and _same_plan(info, current):
             found.append((info.opened_at, ledger))
@@ -134,7 +133,7 @@ def compare_with_previous(ctx: Context) -> tuple[str, Comparison] | None:
     """`specflow compare` of the last sweep of this plan (see the module docstring) and this
     one: (its id, the comparison), or None when there is none."""
     info = ctx.ledger.info()
-    previous = previous_sweep(Path(ctx.spec.tracking.workdir).resolve(), info) if info else None
+    previous = previous_sweep(ctx.ledger.workdir, info) if info else None
     if previous is None:
         return None
     old = previous.info()

@@ -136,8 +136,22 @@ class Outage:
         self.cut()
 
 
-def windows(work: Path) -> dict[str, dict]:
-    """Each window's measurement as its ledger file holds it (by file name)."""
+def windows(work: Path | str) -> dict[str, dict]:
+    """Each window's measurement as its ledger file holds it (by file name); `work` a path or
+    an object store's URL."""
+    if isinstance(work, str):
+        from specflow.records.store import Store
+        from specflow.results.ledger import sweep_ids
+
+        store, found = Store(work), {}
+        for sid in sweep_ids(work):
+            for name in store.names(f"sweeps/{sid}/windows", ".json"):
+                try:
+                    found[name] = json.loads(store.read_bytes(f"sweeps/{sid}/windows/{name}"))[
+                        "measurement"]
+                except (OSError, ValueError, KeyError):
+                    continue
+        return found
     dirs = list((work / "sweeps").glob("*/windows")) if (work / "sweeps").is_dir() else []
     out = {}
     for d in dirs:
@@ -171,10 +185,13 @@ class MlflowServer:
     """A real `mlflow server` on loopback (sqlite store in a temp dir) that can be killed and
     started again on the same port and store."""
 
-    def __init__(self, tmp: Path, env: dict[str, str], store: str | None = None) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], store: str | None = None,
+                 artifacts: str | None = None) -> None:
         self.tmp, self.env, self.port, self.proc = tmp, env, port(), None
         self.uri = f"http://127.0.0.1:{self.port}"
         self.store = store or f"sqlite:///{tmp / 'mlflow-server.db'}"
+        self.artifacts = artifacts
+        """An `--artifacts-destination` (e.g. an s3:// URL) the server proxies artifacts to."""
 
     def start(self) -> None:
         log = open(self.tmp / "mlflow-server.log", "ab")  # noqa: SIM115 - closed with the process
@@ -182,7 +199,8 @@ class MlflowServer:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
              str(self.port), "--workers", "1",
              "--backend-store-uri", self.store,
-             "--default-artifact-root", (self.tmp / "server-artifacts").as_uri()],
+             *(["--artifacts-destination", self.artifacts] if self.artifacts else
+               ["--default-artifact-root", (self.tmp / "server-artifacts").as_uri()])],
             cwd=self.tmp, env=self.env, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -198,3 +216,59 @@ class MlflowServer:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=60)
+
+
+class S3Server:
+    """moto's standalone S3-compatible server on loopback (`python -m moto.server`), started and
+    stopped by the test. `auth=True`: it checks credentials as AWS does (moto's IAM; the first
+    calls, unauthenticated, make a user and its key, given in `env`)."""
+
+    def __init__(self, tmp: Path, *, auth: bool = False) -> None:
+        self.tmp, self.auth, self.port, self.proc = tmp, auth, port(), None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_ENDPOINT_URL_S3": self.url, "AWS_DEFAULT_REGION": "us-east-1",
+                    "MLFLOW_S3_ENDPOINT_URL": self.url}
+
+    def start(self) -> S3Server:
+        log = open(self.tmp / f"s3-{self.port}.log", "ab")  # noqa: SIM115 - closed with the process
+        env = dict(os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "3"} if self.auth else {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            cwd=self.tmp, env=env, stdout=log, stderr=log, start_new_session=True)
+        wait_http(f"{self.url}/moto-api/", self.proc, self.tmp / f"s3-{self.port}.log", 120)
+        if self.auth:
+            import boto3
+
+            iam = boto3.client("iam", endpoint_url=self.url, region_name="us-east-1",
+                               aws_access_key_id="x", aws_secret_access_key="x")
+            iam.create_user(UserName="specflow")
+            iam.put_user_policy(UserName="specflow", PolicyName="s3", PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [
+                    {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+            key = iam.create_access_key(UserName="specflow")["AccessKey"]
+            self.env.update(AWS_ACCESS_KEY_ID=key["AccessKeyId"],
+                            AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
+        return self
+
+    def bucket(self, name: str) -> str:
+        """Create a bucket; its URL."""
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
+                     aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"]
+                     ).create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop(self.proc)
+
+
+def decision_lines(out: str) -> list[str]:
+    """The decision lines the main job prints (narrow console: two lines per band)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "decision per traffic class" in line)
+    end = next(i for i, line in enumerate(lines) if " windows ok in " in line)
+    return [line.strip() for line in lines[start:end]]

@@ -37,7 +37,7 @@ def test_prefect_accepts_the_template_for_a_kubernetes_pool_and_its_variables() 
             validate(bad, t["variables"], raise_on_error=True, preprocess=True)
 
 
-def test_the_rendered_job_requests_the_gpus_mounts_the_ledger_and_reads_the_token_secret(
+def test_the_rendered_job_requests_the_gpus_needs_no_shared_volume_and_reads_its_secrets(
         ) -> None:
     """`from_template_and_values` without its last two steps, which resolve block and variable
     references through the Prefect API (the template has none): defaults, values, rendering,
@@ -58,10 +58,18 @@ def test_the_rendered_job_requests_the_gpus_mounts_the_ledger_and_reads_the_toke
     (container,) = pod["containers"]
     assert container["image"] == VALUES["image"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert container["volumeMounts"] == [{"name": "specflow-shared", "mountPath": "/shared"}]
-    assert pod["volumes"] == [{"name": "specflow-shared",
-                               "persistentVolumeClaim": {"claimName": "specflow-shared"}}]
+    # no shared volume: the ledger is on the object store; a node-local cache only
+    assert container["volumeMounts"] == [{"name": "specflow-cache", "mountPath": "/cache"}]
+    assert pod["volumes"] == [{"name": "specflow-cache", "hostPath": {
+        "path": "/var/cache/specflow", "type": "DirectoryOrCreate"}}]
+    assert "persistentVolumeClaim" not in json.dumps(job)
     env = {e["name"]: e for e in container["env"]}
+    assert env["HF_HOME"]["value"] == "/cache/huggingface"  # weights: once per node
+    assert env["XDG_CACHE_HOME"]["value"] == "/cache"  # tracking.scratch null: /cache/specflow
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the store's, from a Secret
+        assert env[key]["valueFrom"]["secretKeyRef"] == {
+            "name": "specflow-store", "key": key, "optional": True}
+        assert "value" not in env[key]
     assert env["MLFLOW_TRACKING_URI"]["value"] == VALUES["mlflow_tracking_uri"]
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "specflow-hf", "key": "HF_TOKEN", "optional": True}

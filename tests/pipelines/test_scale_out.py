@@ -1,7 +1,12 @@
 """Scale-out on a Prefect work pool, all on loopback: a `prefect server`, a process work pool,
-two workers each owning a distinct (fake) device id, a real `mlflow server`, a sweep of four
-engine configs on the CPU engine dispatched by `python -m specflow dispatch.deployment=...`;
-one worker is SIGKILLed during its first engine config and a replacement worker joins."""
+two workers each owning a distinct (fake) device id, a real `mlflow server`, an S3-compatible
+server (moto) holding the ledger and MLflow's artifacts, a sweep of four engine configs on the
+CPU engine dispatched by `python -m specflow dispatch.deployment=...`; one worker is SIGKILLed
+during its first engine config and a replacement worker joins. The workers and the sweep write
+to no shared directory: each has its own home and cache (`tracking.scratch` null); what they
+share is the Prefect API, the MLflow server, the bucket, and what they only read: the code
+checkout (a cluster's image) and the tiny models' directory (a cluster node's own copy at the
+same path)."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from specflow.results.ledger import Ledger
+from specflow.results.ledger import Ledger, sweep_ids
 from tests.pipelines import live
 from tests.pipelines.procs import pids_with_env, processes_using
 
@@ -37,51 +42,66 @@ print(json.dumps([{"name": r.name, "state": r.state.type.value, "tags": sorted(r
 """
 
 
+def _fresh_s3() -> None:
+    """Credentials are read when a filesystem is made: forget the ones made before."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _own(tmp: Path, name: str) -> dict[str, str]:
+    """A process's own home and cache (as on its own node): nothing shared with the others."""
+    home = tmp / "nodes" / name
+    (home / "cache").mkdir(parents=True, exist_ok=True)
+    return {"HOME": str(home), "XDG_CACHE_HOME": str(home / "cache")}
+
+
 def _worker(tmp: Path, env: dict[str, str], name: str, device: str) -> subprocess.Popen:
-    """`prefect worker start` owning `device`, one flow run at a time; on this CPU machine
-    its engines' OpenMP threads are bound to core `device` (the CPU engine's device set)."""
+    """`prefect worker start` owning `device`, one flow run at a time, with its own home and
+    cache; on this CPU machine its engines' OpenMP threads are bound to core `device` (the CPU
+    engine's device set)."""
     with open(tmp / f"{name}.log", "ab") as fh:
         return subprocess.Popen(
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type",
              "process", "--limit", "1", "--name", name],
-            cwd=ROOT, env=dict(env, CUDA_VISIBLE_DEVICES=device,
+            cwd=ROOT, env=dict(env, CUDA_VISIBLE_DEVICES=device, **_own(tmp, name),
                                      VLLM_CPU_OMP_THREADS_BIND=device), stdout=fh,
             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _decision(out: str) -> list[str]:
-    """The decision lines the main job prints (narrow console: two lines per band)."""
-    lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if "decision per traffic class" in line)
-    end = next(i for i, line in enumerate(lines) if " windows ok in " in line)
-    return [line.strip() for line in lines[start:end]]
-
-
 @pytest.mark.engine
-def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
-                                                                 tiny_models: Path) -> None:
-    """Four engine configs on two workers (devices 0 and 1). Worker 0 is SIGKILLed after the
+def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
+        tmp_path: Path, tiny_models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four engine configs on two workers (devices 0 and 1), the ledger and MLflow's
+    artifacts on a bucket, no directory shared. Worker 0 is SIGKILLed after the
     first window of its first config: its flow run's process and engine die with it, the
     sweep declares the config lost (lease) or crashed and submits it again; a replacement
     worker on device 0 joins. The sweep completes: each config has one completed flow run,
     both device ids ran configs (their flow runs' tags say so), MLflow holds exactly one
     FINISHED child run per window of the plan, each metric logged once, no RUNNING run; the
-    windows finished before the kill were not measured again; no engine survives; the
-    decision equals the one the single-process path's decision step computes from the same
-    ledger, which misses no window. Then `bench/scale_out.py --smoke` runs on the same pool,
-    workers and servers: exit 0, its one config measured."""
-    models, work = tiny_models, tmp_path / "work"
+    windows finished before the kill were not measured again; each child run's artifacts are
+    in the bucket; no engine survives; the decision equals the one the single-process path's
+    decision step computes from the same windows copied to a local path, which misses none.
+    Then `bench/scale_out.py --smoke` runs on the same pool, workers and servers: exit 0, its
+    one config measured."""
+    models = tiny_models
+    s3 = live.S3Server(tmp_path).start()
+    work = s3.bucket("fleet") + "/specflow"
+    for k, v in s3.env.items():  # this process reads the bucket too
+        monkeypatch.setenv(k, v)
+    _fresh_s3()
     port = live.port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
                PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
-               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path))
+               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path),
+               **s3.env)
     env.pop("PREFECT_API_URL", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     client_env = dict(env, PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2")
-    mlflow_server = live.MlflowServer(tmp_path, env)
-    procs: list[subprocess.Popen] = []
+    mlflow_server = live.MlflowServer(tmp_path, env, artifacts="s3://fleet/mlartifacts")
+    procs: list[subprocess.Popen] = [s3.proc]
     logs = [tmp_path / n for n in ("server.log", "sweep.log", "gpu-0.log", "gpu-1.log",
                                    "gpu-0b.log", "mlflow-server.log")]
     try:
@@ -110,17 +130,18 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
             sweep = subprocess.Popen(
                 [sys.executable, "-m", "specflow", *overrides,
                  f"dispatch.deployment={DEPLOYMENT}", "dispatch.lease_s=20",
-                 "dispatch.poll_s=1"], cwd=tmp_path, env=dict(client_env, COLUMNS="80"),
+                 "dispatch.poll_s=1"], cwd=tmp_path / "nodes" / "sweep",
+                env=dict(client_env, COLUMNS="80", **_own(tmp_path, "sweep")),
                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(sweep)
 
         def killed_mid_config() -> bool:
             """Worker 0 has measured a window of the config it is on, not all of them."""
             assert sweep.poll() is None, logs[1].read_text(errors="replace")[-3000:]
-            sweeps = list((work / "sweeps").glob("*")) if (work / "sweeps").is_dir() else []
+            sweeps = sweep_ids(work)
             if not sweeps:
                 return False
-            ledger = Ledger(work, sweeps[0].name)
+            ledger = Ledger(work, sweeps[0], scratch=tmp_path / "reader")
             mine = [e.hash for e in ledger.engine_starts() if e.devices == ("0",)]
             if not mine:
                 return False
@@ -134,8 +155,8 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         live.wait_for("a window of worker 0's config", killed_mid_config, 600, *logs,
                       every_s=0.1)
         workers["0"].wait(timeout=30)
-        (sweep_dir,) = (work / "sweeps").iterdir()
-        ledger = Ledger(work, sweep_dir.name)
+        (sid,) = sweep_ids(work)
+        ledger = Ledger(work, sid, scratch=tmp_path / "reader")
         before = {k: m for k, m in live.windows(work).items() if m["status"] == "ok"}
         # its flow run's process and its engine end with it
         live.wait_for("nothing of worker 0 alive", lambda: not pids_with_env(
@@ -166,8 +187,11 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
 
         from mlflow.tracking import MlflowClient
 
+        from specflow.records.store import Store
         from specflow.steps import open_sweep
 
+        for k, v in _own(tmp_path, "checker").items():  # this process as one more node
+            monkeypatch.setenv(k, v)
         ctx = open_sweep(overrides, tracking=False)
         expected = sorted(w.key(ec).id for ec in ctx.plan.engine_configs for w in ctx.windows)
         client = MlflowClient(mlflow_server.uri)
@@ -179,11 +203,20 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
             (r.info.run_name, r.info.status) for r in every]
         for r in children:
             assert len(client.get_metric_history(r.info.run_id, "output_throughput")) == 1
+            # proxied by the tracking server to its artifacts destination: the bucket
+            assert r.info.artifact_uri.startswith("mlflow-artifacts:"), r.info.artifact_uri
+            assert "measurement.json" in Store("s3://fleet/mlartifacts").names(
+                f"{exp.experiment_id}/{r.info.run_id}/artifacts")
 
         assert not processes_using(models), processes_using(models)
-        decision = _decision(out)
+        nodes = {p.name for p in (tmp_path / "nodes").iterdir()}
+        assert {"gpu-0", "gpu-1", "gpu-0b", "sweep"} <= nodes
+        scratch = {n for n in nodes if list((tmp_path / "nodes" / n / "cache").rglob("*.log"))}
+        assert {"gpu-0", "gpu-1"} <= scratch  # each worker's engine logs in its own cache
+        assert not (tmp_path / "work").exists()
+        decision = live.decision_lines(out)
         assert re.search(r"chat c1: \S+", "\n".join(decision)), out[-3000:]
-        # the single-process path's decision step on the same ledger (no engine to start)
+        # the single-process path's decision step on the same windows copied to a local path
         import io
 
         from rich.console import Console
@@ -191,12 +224,15 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(tmp_path: Path,
         from specflow import steps
         from specflow.results.console import print_outcome
 
-        again = steps.open_sweep(overrides)
-        assert steps.missing(again) == []
+        local = tmp_path / "local"
+        store = Store(work)
+        store.fs.get(f"{store.root}/sweeps/{sid}", str(local / "sweeps" / sid), recursive=True)
+        again = steps.open_sweep([*overrides, f"tracking.workdir={local}"])
+        assert again.sid == sid and steps.missing(again) == []
         shown = io.StringIO()
         print_outcome(steps.outcome_summary(again, steps.decide(again)),
                       Console(file=shown, width=80, highlight=False), 0.0)
-        assert _decision(shown.getvalue()) == decision
+        assert live.decision_lines(shown.getvalue()) == decision
         assert len(ledger.engine_starts()) == 5  # 4 configs + the lost one again
 
         # the Kubernetes recipe's pool and deployment, registered on the same server (no cluster)

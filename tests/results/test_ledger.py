@@ -89,10 +89,13 @@ def test_record_repairs_a_bad_file_it_meets_first(tmp_path: Path) -> None:
 def test_a_torn_event_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     ledger = _ledger(tmp_path)
     ledger.engine_started("baseline", BASELINE.hash, "host-a", ("0",))
-    with open(ledger.dir / "events.jsonl", "a", encoding="utf-8") as fh:
+    with open(ledger.dir / "events.jsonl", "a", encoding="utf-8") as fh:  # an older sweep's
+        fh.write('{"t": 0.5, "event": "engine_start", "pid": 1, "engine": "old", "hash": "h", '
+                 '"host": "h", "devices": null}\n')
         fh.write('{"t": 1.0, "event": "engine_st')  # killed mid-append
     with caplog.at_level(logging.WARNING, logger="specflow.results.ledger"):
-        (start,) = ledger.engine_starts()
+        old, start = ledger.engine_starts()
+    assert old.engine == "old"  # an older sweep's events.jsonl is still read, first
     assert (start.engine, start.hash, start.host, start.devices) == (
         "baseline", BASELINE.hash, "host-a", ("0",))
     assert "events.jsonl:2" in caplog.text
