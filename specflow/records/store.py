@@ -102,7 +102,7 @@ class Store:
                  grace_s: float = DEFAULT_GRACE_S, storage_options: dict | None = None):
         self.setting = setting
         self.grace_s = grace_s
-        text = str(location)
+        text = str(location).removeprefix("file://")
         if is_url(text):
             self.fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
             self.root = root.rstrip("/")
@@ -222,7 +222,9 @@ class Store:
         self._call(f"writing {key}", self.fs.pipe_file, self._full(key), blob)
 
     def create(self, key: str, data: str | bytes) -> bool:
-        """Write a record only if the key has none; False (and nothing written) if it has."""
+        """Write a record only if the key has none; False (and nothing written) if it has. A
+        backend without conditional writes makes it a plain write: specflow creates only keys
+        unique by construction (engine-start events), so the condition is a second guard."""
         blob = data.encode("utf-8") if isinstance(data, str) else data
         if not self.local:
             try:
@@ -230,6 +232,9 @@ class Store:
                            mode="create")
             except FileExistsError:
                 return False
+            except TypeError:  # a backend without conditional writes: a plain PUT, which is
+                # safe for specflow's created keys (engine-start events: unique names)
+                self.write(key, blob)
             return True
         path = Path(self._full(key))
         path.parent.mkdir(parents=True, exist_ok=True)
