@@ -52,6 +52,7 @@ LIGHT = (
     "tests/steps/", "tests/engine/test_device.py", "tests/engine/test_server.py",
     "tests/pipelines/test_k8s_template.py", "tests/stats/", "tests/test_glossary.py",
     "tests/spec/test_traces.py", "tests/spec/test_profile_exchange.py",
+    "tests/spec/test_store_config.py",
 )
 
 

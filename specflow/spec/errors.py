@@ -23,9 +23,14 @@ _SECRET_VALUE = re.compile(r"""(--(?:api[-_]k|hf[-_]t)[\w-]*(?:=|['"]?\s*,\s*|\s
 """A secret option's value inside free text (an override, a command line)."""
 
 
+_URL_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@'\"]+@")
+"""The user (and password) part of a URL: `scheme://user:pass@host`."""
+
+
 def redact_secrets(text: str) -> str:
-    """`text` with the values of secret options replaced by `***` (for messages)."""
-    return _SECRET_VALUE.sub(r"\1***", text)
+    """`text` with the values of secret options and the credentials written into URLs
+    replaced by `***` (for messages)."""
+    return _URL_USERINFO.sub(r"\1***@", _SECRET_VALUE.sub(r"\1***", text))
 
 
 def one_line(text: str) -> str:
