@@ -43,6 +43,7 @@ _._kv_shared_has_no_layers
 _._needs_hub_only_for_hf
 _._one_way
 _._one_source  # spec/schema.py WatchSpec (a pydantic validator)
+_._champions_beside_a_remote_ledger  # spec/schema.py Spec (a pydantic validator)
 _._ordered
 _._has_layers
 _._confirm_starts_within_their_most
@@ -92,3 +93,4 @@ _.output_lengths
 _.target_load  # read by the report from the decision's settings (analysis.settings)
 # Ledger._path: a window file's local path, for the tests that damage one
 _._path
+_.exc_text  # pipelines/sweep.py: a log record's cached traceback, cleared for a StoreError

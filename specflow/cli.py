@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 from rich.markup import escape
 
-from specflow.records.store import StoreError
+from specflow.records.store import StoreError, is_url
 from specflow.spec.errors import EXIT_INVALID, Problem, SpecError, did_you_mean, one_of, report
 from specflow.spec.serialize import as_json
 
@@ -593,7 +593,8 @@ def cmd_alerts(overrides: list[str], flags: Flags) -> int:
                                     if target.profile else "-", selector, target.expected(n)))
     if problems:
         raise SpecError(problems)
-    out = Path(flags.get("out") or Path(spec.promote.output_dir) / "alerts")
+    out = Path(flags.get("out") or ("alerts" if is_url(spec.promote.output_dir)
+                                    else Path(spec.promote.output_dir) / "alerts"))
     out.mkdir(parents=True, exist_ok=True)
     w = spec.watch
     (out / "specflow-rules.yml").write_text(alerts.rules_yaml(

@@ -1,16 +1,21 @@
 """Promotion: per traffic class, the deployable decision as files, written so a crash cannot
 leave half a champion, with every champion kept and restorable.
 
-Layout under `PromoteSpec.output_dir`:
+Layout under `PromoteSpec.output_dir` (a local directory or an object-store URL):
     <class>/champion.json             the current champion (a copy of one history entry)
     <class>/history/<version>.json    every champion ever promoted, never rewritten
     <class>/refused/<version>.json    promotions the regression gate refused, for the record
-A version is `<UTC time>-<content hash>`, so names sort by time. Every file is written to a
-temporary file in the same directory, fsynced, then `os.replace`d into place; promotions of one
-class are serialised by an advisory lock that dies with its holder. Class and version names
-become path components only when they are plain names (`is_plain_name`), whether they come from
-the command line or from a file; a champion file that cannot be read does not stop
-`restore(cls, version)`, the command that repairs it.
+A version is `<UTC time>-<content hash>`, so names sort by time, and a versioned file is never
+rewritten. `champion.json` is the pointer: a reader gets the old champion or the new one, never
+a part. On a local disk every file is written to a temporary file in the same directory,
+fsynced, then `os.replace`d into place, and promotions of one class are serialised by an
+advisory lock that dies with its holder. On an object store there is no lock: a promotion reads
+the champion with its ETag, decides, and swaps it in with one conditional PUT (`If-Match`);
+when another promotion swapped first, it reads the new champion and decides again against it
+(the regression gate included). Class and version names become path components only when they
+are plain names (`is_plain_name`), whether they come from the command line or from a file; a
+champion file that cannot be read does not stop `restore(cls, version)`, the command that
+repairs it.
 
 Regression gate: a new champion replaces the old one unless, in some band both decided, the new
 one is confidently worse than what the old one was promoted for (new speedup upper bound <
@@ -53,7 +58,8 @@ from specflow.decision.model import (
     Verdict,
 )
 from specflow.decision.wording import decision_rows
-from specflow.records.fsio import BeforeReplace, atomic_write_json
+from specflow.records.fsio import BeforeReplace
+from specflow.records.store import Store, shown
 from specflow.spec.compile import EngineConfig
 from specflow.spec.schema import PromoteSpec
 from specflow.spec.serialize import as_json
@@ -69,6 +75,9 @@ outcome `promote`, was `speculate`; a candidate's `verdict`, was `status` and `o
 "off" row's verdict wins / ruled out / open, was wins / beaten / unresolved). Files of schema 1
 are read as schema 2 (`upgrade_v1`)."""
 CHAMPION = "champion.json"
+SWAPS = 8
+"""How many times a promotion on an object store decides again when another one swapped the
+champion first (each time against the champion that is there now)."""
 
 
 class PromotionError(RuntimeError):
@@ -214,8 +223,8 @@ class Promotion:
     status: Literal["promoted", "refused", "restored", "unchanged", "unresolved"]
     """`unresolved`: some band of the class is undecided; the champion is left as it was."""
     version: str
-    path: Path
-    """The champion file, or the refused record."""
+    path: Path | str
+    """The champion file, or the refused record (a URL on an object store)."""
     previous: str | None
     """Version of the champion this one replaced (None if there was none)."""
     gate: GateResult
@@ -265,22 +274,34 @@ def upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read(path: Path) -> GatedRecord:
+def _parse(data: bytes, where: object) -> GatedRecord:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
-        raise PromotionError(f"cannot read {path}: {exc}") from None
-    try:
-        return GatedRecord.model_validate(data)
+        return GatedRecord.model_validate(json.loads(data))
     except ValidationError as exc:
         why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}"
                         for e in exc.errors()[:3])
-        raise PromotionError(f"cannot read {path}: not a champion record ({why})") from None
+        raise PromotionError(f"cannot read {where}: not a champion record ({why})") from None
+    except ValueError as exc:  # bad JSON or not UTF-8
+        raise PromotionError(f"cannot read {where}: {exc}") from None
 
 
-def _write(path: Path, record: VersionedRecord, before_replace: BeforeReplace | None = None
-           ) -> None:
-    atomic_write_json(path, record.model_dump(mode="json"), before_replace)
+def _read(store: Store, key: str) -> GatedRecord:
+    if store.local and key.startswith("history/"):  # a link planted in history/
+        path, hist = store.path(key), store.path("history")
+        if path.exists() and not path.resolve().is_relative_to(hist.resolve()):
+            raise PromotionError(f"history entry {path} leads outside {hist}")
+    try:
+        data = store.read_bytes(key)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise PromotionError(f"cannot read {shown(store.location(key))}: {exc}") from None
+    return _parse(data, shown(store.location(key)))
+
+
+def record_json(record: VersionedRecord) -> str:
+    """A record as its file holds it (sorted, indented JSON)."""
+    return json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
 
 def is_plain_name(name: object) -> TypeGuard[str]:
@@ -288,65 +309,84 @@ def is_plain_name(name: object) -> TypeGuard[str]:
     return isinstance(name, str) and bool(_SAFE.fullmatch(name)) and name not in {".", ".."}
 
 
-def class_dir(output_dir: str | Path, traffic_class: str) -> Path:
+def class_store(output_dir: str | Path, traffic_class: str) -> Store:
     """Where one class's champion lives (the class name must be a plain path component)."""
     if not is_plain_name(traffic_class):
         raise PromotionError(f"traffic class {traffic_class!r} is not a plain name; "
                              f"expected {PLAIN}")
-    return Path(output_dir) / traffic_class
+    return Store(output_dir, setting="promote.output_dir").sub(traffic_class)
 
 
-def _history_path(cdir: Path, version: object) -> Path:
-    """`history/<version>.json` of a class: for a plain version name, and only inside history/."""
+def history_key(version: object) -> str:
+    """`history/<version>.json` of a class, for a plain version name only."""
     if not is_plain_name(version):
         raise PromotionError(f"version {version!r} is not a plain version name; "
                              f"expected {PLAIN}")
-    hist = cdir / "history"
-    path = hist / f"{version}.json"
-    if not path.resolve().is_relative_to(hist.resolve()):
-        raise PromotionError(f"history entry {path} leads outside {hist}")
-    return path
+    return f"history/{version}.json"
 
 
 def champion(output_dir: str | Path, traffic_class: str) -> GatedRecord | None:
     """The current champion record of a class, or None."""
-    path = class_dir(output_dir, traffic_class) / CHAMPION
-    return _read(path) if path.is_file() else None
+    try:
+        return _read(class_store(output_dir, traffic_class), CHAMPION)
+    except FileNotFoundError:
+        return None
+
+
+def promoted(output_dir: str | Path) -> list[str]:
+    """The classes with a champion under `output_dir`, sorted."""
+    store = Store(output_dir, setting="promote.output_dir")
+    return [c for c in store.names() if is_plain_name(c) and store.exists(f"{c}/{CHAMPION}")]
 
 
 def history(output_dir: str | Path, traffic_class: str) -> list[str]:
     """Versions ever promoted for a class, oldest first."""
-    d = class_dir(output_dir, traffic_class) / "history"
-    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+    return [n.removesuffix(".json") for n in
+            class_store(output_dir, traffic_class).names("history", ".json")]
 
 
-def _heal_history(cdir: Path) -> None:
-    """Copy the champion into history/ when a writer was killed between the two; a champion
-    that is unreadable or names no plain version is reported and left alone."""
+def _current(store: Store) -> tuple[GatedRecord | None, str | None]:
+    """The champion with the tag of the version read (for the swap), after copying it into
+    history/ when a writer was killed between the two; a champion that is unreadable or names
+    no plain version raises PromotionError (the caller decides) or is left unrepaired."""
     try:
-        record = _read(cdir / CHAMPION)
-        entry = _history_path(cdir, record.version)
+        data, tag = store.read_tagged(CHAMPION)
+    except FileNotFoundError:
+        return None, None
+    record = _parse(data, shown(store.location(CHAMPION)))
+    try:
+        key = history_key(record.version)
     except PromotionError as exc:
-        log.warning("%s not repaired: %s", cdir / CHAMPION, exc)
-        return
-    if not entry.is_file():
-        _write(entry, record)
+        log.warning("%s not repaired: %s", shown(store.location(CHAMPION)), exc)
+        return record, tag
+    if not store.exists(key):
+        store.create(key, record_json(record))
+    return record, tag
 
 
 @contextlib.contextmanager
-def _locked(cdir: Path) -> Iterator[None]:
-    """Serialise writers of one class; heal what a killed writer may have left."""
+def _locked(store: Store) -> Iterator[None]:
+    """Serialise writers of one class on a local disk and clear a killed writer's temporary
+    files; an object store's writers swap the champion conditionally instead (no lock)."""
+    if not store.local:
+        yield
+        return
+    cdir = store.path()
     cdir.mkdir(parents=True, exist_ok=True)
     with open(cdir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for stale in cdir.rglob(".*.tmp"):
             stale.unlink(missing_ok=True)
-        if (cdir / CHAMPION).is_file():
-            _heal_history(cdir)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _raced(store: Store, traffic_class: str) -> PromotionError:
+    return PromotionError(f"the champion of traffic class {traffic_class!r} under "
+                          f"{shown(store.url)} changed {SWAPS} times while this promotion "
+                          "decided against it; run it again")
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,47 +539,67 @@ def promote_class(result: ClassResult, engines: Mapping[str, EngineConfig],
     in place; if it raises, the files stay promoted and the error propagates. `sweep_id`: the
     sweep decided on, recorded in the files. `acceptance_drops`: per class, the champion's
     per-position acceptance drops beyond noise from a comparison with its sweep (see
-    `regression_gate`); a class not in it keeps the fixed threshold."""
-    cdir = class_dir(output_dir if output_dir is not None else promote.output_dir,
-                     result.traffic_class)
+    `regression_gate`); a class not in it keeps the fixed threshold. `before_replace`: called
+    before a local file is renamed into place (fault injection)."""
+    store = class_store(output_dir if output_dir is not None else promote.output_dir,
+                        result.traffic_class)
     now = now or dt.datetime.now(dt.UTC)
     record = build_record(result, engines, promote)
     version = _version(record, now)
-    with _locked(cdir):
-        old = champion(cdir.parent, result.traffic_class)
-        previous = _plain(old.version) if old is not None else None
-        stamp: dict[str, Any] = {**dict(record), "version": version,
-                                 "created_at": now.isoformat(), "previous": previous,
-                                 "sweep_id": sweep_id}
-        if any(d.outcome == "unresolved" for d in result.decisions) and not force:
-            # Never promote on an undecided band, not even "off": the champion stays.
-            unresolved = VersionedRecord(**stamp)
-            path = cdir / "unresolved" / f"{version}.json"
-            _write(path, unresolved, before_replace)
-            return Promotion(result.traffic_class, "unresolved", version, path, previous,
-                             GateResult(True), unresolved)
-        if old is not None and previous is not None and not force and \
-                version.split("-", 1)[1] == previous.split("-", 1)[-1]:
-            # the same evidence again (a resumed or re-validated sweep with nothing new)
-            return Promotion(result.traffic_class, "unchanged", previous, cdir / CHAMPION,
-                             _plain(old.previous), GateResult(True), old)
-        drops = (acceptance_drops or {}).get(result.traffic_class)
-        gate = regression_gate(record, old, promote, result.decisions, drops)
-        if force and not gate.passed:
-            gate = dataclasses.replace(gate, passed=True, forced=True)
-        gated = GatedRecord(**stamp, gate=gate)
-        if not gate.passed:
-            path = cdir / "refused" / f"{version}.json"
-            _write(path, gated, before_replace)
-            return Promotion(result.traffic_class, "refused", version, path, previous, gate,
-                             gated)
-        path = cdir / CHAMPION
-        _write(path, gated, before_replace)
-        _write(cdir / "history" / f"{version}.json", gated, before_replace)
-    promotion = Promotion(result.traffic_class, "promoted", version, path, previous, gate, gated)
-    if on_promoted is not None:
+    for _ in range(SWAPS):
+        with _locked(store):
+            promotion = _promote_once(store, result, record, version, promote, force=force,
+                                      before_replace=before_replace, now=now,
+                                      sweep_id=sweep_id, acceptance_drops=acceptance_drops)
+        if promotion is not None:
+            break
+    else:
+        raise _raced(store, result.traffic_class)
+    if promotion.status == "promoted" and on_promoted is not None:
         on_promoted(promotion)
     return promotion
+
+
+def _promote_once(store: Store, result: ClassResult, record: ChampionRecord, version: str,
+                  promote: PromoteSpec, *, force: bool, before_replace: BeforeReplace | None,
+                  now: dt.datetime, sweep_id: str | None,
+                  acceptance_drops: Mapping[str, Sequence[str]] | None) -> Promotion | None:
+    """One decision against the champion there now; None when another promotion swapped the
+    champion before this one could (decide again)."""
+    cls = result.traffic_class
+    old, tag = _current(store)
+    previous = _plain(old.version) if old is not None else None
+    stamp: dict[str, Any] = {**dict(record), "version": version, "created_at": now.isoformat(),
+                             "previous": previous, "sweep_id": sweep_id}
+    if any(d.outcome == "unresolved" for d in result.decisions) and not force:
+        # Never promote on an undecided band, not even "off": the champion stays.
+        unresolved = VersionedRecord(**stamp)
+        key = f"unresolved/{version}.json"
+        store.write(key, record_json(unresolved), before_replace)
+        return Promotion(cls, "unresolved", version, store.location(key), previous,
+                         GateResult(True), unresolved)
+    if old is not None and previous is not None and not force and \
+            version.split("-", 1)[1] == previous.split("-", 1)[-1]:
+        # the same evidence again (a resumed or re-validated sweep with nothing new)
+        return Promotion(cls, "unchanged", previous, store.location(CHAMPION),
+                         _plain(old.previous), GateResult(True), old)
+    drops = (acceptance_drops or {}).get(cls)
+    gate = regression_gate(record, old, promote, result.decisions, drops)
+    if force and not gate.passed:
+        gate = dataclasses.replace(gate, passed=True, forced=True)
+    gated = GatedRecord(**stamp, gate=gate)
+    if not gate.passed:
+        key = f"refused/{version}.json"
+        store.write(key, record_json(gated), before_replace)
+        return Promotion(cls, "refused", version, store.location(key), previous, gate, gated)
+    if store.local:
+        store.write(CHAMPION, record_json(gated), before_replace)
+        store.write(history_key(version), record_json(gated), before_replace)
+    elif store.replace_if(CHAMPION, record_json(gated), tag):
+        store.create(history_key(version), record_json(gated))
+    else:
+        return None
+    return Promotion(cls, "promoted", version, store.location(CHAMPION), previous, gate, gated)
 
 
 def _plain(version: JsonValue) -> str | None:
@@ -557,28 +617,42 @@ def restore(output_dir: str | Path, traffic_class: str, version: str | None = No
             on_restored: Hook | None = None) -> Promotion:
     """Make an earlier champion current again: `version`, or by default the one the current
     champion replaced (so repeated calls walk back through history)."""
-    cdir = class_dir(output_dir, traffic_class)
-    if not cdir.is_dir():
+    store = class_store(output_dir, traffic_class)
+    if not store.isdir(""):
         raise PromotionError(f"nothing was ever promoted for traffic class {traffic_class!r} "
-                             f"under {output_dir}")
-    with _locked(cdir):
-        try:
-            current, unreadable = champion(output_dir, traffic_class), None
-        except PromotionError as exc:  # restoring a named version repairs it
-            current, unreadable = None, exc
-        if version is None:
-            version = _previous(output_dir, traffic_class, current, unreadable)
-        path = _history_path(cdir, version)
-        if not path.is_file():
-            raise PromotionError(f"traffic class {traffic_class!r} has no version {version!r}; "
-                                 f"known: {history(output_dir, traffic_class)}")
-        record = _read(path)
-        _write(cdir / CHAMPION, record)
-    restored = Promotion(traffic_class, "restored", version, cdir / CHAMPION,
+                             f"under {shown(output_dir)}")
+    for _ in range(SWAPS):
+        with _locked(store):
+            try:
+                (current, tag), unreadable = _current(store), None
+            except PromotionError as exc:  # restoring a named version repairs it
+                (current, tag), unreadable = (None, _tag_of(store)), exc
+            wanted = version if version is not None else \
+                _previous(output_dir, traffic_class, current, unreadable)
+            key = history_key(wanted)
+            try:
+                record = _read(store, key)
+            except FileNotFoundError:
+                raise PromotionError(f"traffic class {traffic_class!r} has no version "
+                                     f"{wanted!r}; known: {history(output_dir, traffic_class)}"
+                                     ) from None
+            if store.replace_if(CHAMPION, record_json(record), tag):
+                break
+    else:
+        raise _raced(store, traffic_class)
+    restored = Promotion(traffic_class, "restored", wanted, store.location(CHAMPION),
                          _plain(current.version) if current else None, GateResult(True), record)
     if on_restored is not None:
         on_restored(restored)
     return restored
+
+
+def _tag_of(store: Store) -> str | None:
+    """The tag of a champion file that cannot be parsed (restore replaces it)."""
+    try:
+        return store.read_tagged(CHAMPION)[1]
+    except FileNotFoundError:
+        return None
 
 
 def _previous(output_dir: str | Path, traffic_class: str, current: GatedRecord | None,

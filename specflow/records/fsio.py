@@ -29,9 +29,11 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: str | bytes, before_replace: BeforeReplace | None = None
-                 ) -> None:
-    """Write `data` to `path` atomically and durably (parents are created)."""
+def atomic_write(path: Path, data: str | bytes, before_replace: BeforeReplace | None = None,
+                 *, exclusive: bool = False) -> bool:
+    """Write `data` to `path` atomically and durably (parents are created). `exclusive`: only
+    where `path` does not exist (a hard link of the finished file, refused if the name exists):
+    False, and nothing written, when it does."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -44,12 +46,21 @@ def atomic_write(path: Path, data: str | bytes, before_replace: BeforeReplace | 
         os.chmod(tmp, 0o644)  # mkstemp creates owner-only files
         if before_replace is not None:
             before_replace(tmp, path)
-        os.replace(tmp, path)
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
     fsync_dir(path.parent)
+    return True
 
 
 def atomic_write_json(path: Path, data: Any, before_replace: BeforeReplace | None = None,

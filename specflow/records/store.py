@@ -10,6 +10,9 @@ only how a write is made safe:
 - `create` writes a record only where none exists (False when one does): on a local disk a
   hard link of the finished temporary file (which fails if the name exists); on S3 a PUT with
   `If-None-Match: *` (s3fs `mode="create"`), which the server refuses when the key exists.
+- `replace_if` replaces a record only if it is still the version read (`read_tagged`): on S3 a
+  PUT with `If-Match: <ETag>`, refused when another writer replaced it in between (a pointer
+  swap, for champions); a local store's writers hold a lock instead.
 
 Credentials come from the environment the backend reads (for S3: `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_PROFILE`, `AWS_ENDPOINT_URL_S3` for another
@@ -25,8 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
-import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -34,7 +37,9 @@ from pathlib import Path
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from specflow.records.fsio import atomic_write, fsync_dir
+from specflow.records.fsio import BeforeReplace, atomic_write, fsync_dir
+
+log = logging.getLogger("specflow.records.store")
 
 DEFAULT_GRACE_S = 300.0
 """How long an unreachable store is waited out before an operation fails."""
@@ -55,6 +60,11 @@ CREDENTIALS = {
 class StoreError(Exception):
     """A store specflow cannot use: unreachable past its grace, credentials refused, a bucket
     that does not exist. The message names the setting and the URL (no secret)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+        """Could not be reached (not a setting to fix: the same command goes on later)."""
 
 
 def is_url(location: str | Path) -> bool:
@@ -162,7 +172,8 @@ class Store:
                     raise StoreError(
                         f"{self.setting}: {shown(self.url)} could not be reached for "
                         f"{self.grace_s:g} s while {what} (last: {_one_line(exc)}); what was "
-                        f"written before is kept, the same command goes on from it") from None
+                        f"written before is kept, the same command goes on from it",
+                        unreachable=True) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
@@ -213,10 +224,60 @@ class Store:
                 raise data
         return out
 
-    def write(self, key: str, data: str | bytes) -> None:
-        """Write a record whole (replacing any): readers see the old or the new, never a part."""
+    def location(self, key: str) -> Path | str:
+        """Where a key is, as a user reaches it: a local path, or a URL."""
+        return Path(self._full(key)) if self.local else self.join(key)
+
+    def read_tagged(self, key: str) -> tuple[bytes, str | None]:
+        """A record's bytes with the tag of that very version (an object store's ETag), for
+        `replace_if` (FileNotFoundError when there is none). A local store has no tags: its
+        writers serialise with a lock."""
         if self.local:
-            atomic_write(Path(self._full(key)), data)
+            return self.read_bytes(key), None
+        full = self._full(key)
+        while True:  # the tag of the bytes read: the same before and after the read
+            before = self._tag(key)
+            data = self._call(f"reading {key}", self.fs.cat_file, full)
+            if self._tag(key) == before:
+                return data, before
+
+    def _tag(self, key: str) -> str | None:
+        info = self._call(f"looking at {key}", self.fs.info, self._full(key), refresh=True)
+        tag = info.get("ETag") or info.get("etag") or info.get("generation")
+        return str(tag) if tag is not None else None
+
+    def replace_if(self, key: str, data: str | bytes, tag: str | None) -> bool:
+        """Replace a record only if it is still the version `tag` names (None: only if there is
+        none), in one conditional PUT (`If-Match` / `If-None-Match`); False when another writer
+        got there first (read again and decide again). A local store writes (its writers hold
+        a lock). A backend without conditional replaces writes, with a warning: of two writers
+        at the same moment, the last one wins."""
+        if self.local:
+            self.write(key, data)
+            return True
+        if tag is None:
+            return self.create(key, data)
+        blob = data.encode("utf-8") if isinstance(data, str) else data
+        try:
+            self._call(f"replacing {key}", self.fs.pipe_file, self._full(key), blob, IfMatch=tag)
+        except FileNotFoundError:  # removed since it was read
+            return False
+        except TypeError:
+            log.warning("%s cannot replace %s conditionally; written unconditionally",
+                        shown(self.url), key)
+            self.write(key, blob)
+        except OSError as exc:
+            if _precondition_failed(exc):
+                return False
+            raise
+        return True
+
+    def write(self, key: str, data: str | bytes, before_replace: BeforeReplace | None = None
+              ) -> None:
+        """Write a record whole (replacing any): readers see the old or the new, never a part.
+        `before_replace` (a local store): called before the rename (fault injection)."""
+        if self.local:
+            atomic_write(Path(self._full(key)), data, before_replace)
             return
         blob = data.encode("utf-8") if isinstance(data, str) else data
         self._call(f"writing {key}", self.fs.pipe_file, self._full(key), blob)
@@ -236,24 +297,7 @@ class Store:
                 # safe for specflow's created keys (engine-start events: unique names)
                 self.write(key, blob)
             return True
-        path = Path(self._full(key))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(blob)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(name, 0o644)
-            try:
-                os.link(name, path)
-            except FileExistsError:
-                return False
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-        fsync_dir(path.parent)
-        return True
+        return atomic_write(Path(self._full(key)), blob, exclusive=True)
 
     def exists(self, key: str) -> bool:
         if self.local:
@@ -280,6 +324,25 @@ class Store:
         return sorted(n for n in (str(p).rstrip("/").rsplit("/", 1)[-1] for p in found)
                       if n.endswith(suffix))
 
+    def files(self) -> list[str]:
+        """Every record under the store, as keys relative to it, sorted."""
+        if self.local:
+            root = Path(self.root)
+            return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        found = self._call("listing it", self.fs.find, self.root)
+        return sorted(str(p)[len(self.root) + 1:] for p in found
+                      if str(p).startswith(self.root + "/"))
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a record (one ranged GET on an object store)."""
+        return self._call(f"reading {key}", self.fs.cat_file, self._full(key), start=start,
+                          end=end)
+
+    def download(self, key: str, dest: Path) -> None:
+        """Copy a record to a local file (streamed, not held in memory)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._call(f"copying {key}", self.fs.get_file, self._full(key), str(dest))
+
     def move(self, src: str, dst: str) -> None:
         """Move a record (FileNotFoundError when it is gone)."""
         if self.local:
@@ -295,6 +358,15 @@ class Store:
         if self.local and Path(self._full(key)).resolve() == local.resolve():
             return
         self.write(key, local.read_bytes())
+
+
+def _precondition_failed(exc: OSError) -> bool:
+    """Whether a write was refused for its condition (HTTP 412, or 409 where S3 saw two
+    conditional writes of one key at once)."""
+    response = getattr(exc.__cause__, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code in {"PreconditionFailed", "ConditionalRequestConflict"} or \
+        "pre-conditions you specified did not hold" in str(exc)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from specflow.decision.compare import Change, Comparison, SweepSide
 from specflow.records.measurement import MEASUREMENT, Measurement
-from specflow.records.store import is_url
+from specflow.records.store import is_url, shown
 from specflow.results.ledger import Ledger, is_sweep, sweep_ids
 from specflow.spec.errors import Problem, SpecError
 from specflow.spec.serialize import as_json
@@ -42,7 +42,7 @@ def _from_ledger(label: str, ledger: Ledger) -> SweepSide:
                      info.measured if info else {}, info.repeats if info else None, ledger.sid)
 
 
-def _champion(ref: str, output_dir: Path, workdir: str, what: str) -> SweepSide:
+def _champion(ref: str, output_dir: str, workdir: str, what: str) -> SweepSide:
     from specflow.champions import promote
 
     spec = ref[len(CHAMPION_PREFIX):]
@@ -50,15 +50,14 @@ def _champion(ref: str, output_dir: Path, workdir: str, what: str) -> SweepSide:
     if not promote.is_plain_name(cls) or (version and not promote.is_plain_name(version)):
         raise SpecError([Problem(what, "not a plain traffic class (and version)", ref,
                                  f"champion:CLASS or champion:CLASS@VERSION ({promote.PLAIN})")])
-    cdir = promote.class_dir(output_dir, cls)
-    path = cdir / "history" / f"{version}.json" if version else cdir / promote.CHAMPION
-    if not path.is_file():
+    store = promote.class_store(output_dir, cls)
+    key = promote.history_key(version) if version else promote.CHAMPION
+    if not store.exists(key):
         known = promote.history(output_dir, cls)
         raise SpecError([Problem(what, "no such champion", ref,
                                  f"a version of {cls}: {', '.join(known)}" if known else
-                                 f"a class promoted under {output_dir}")])
-    record = promote.champion(output_dir, cls) if not version else \
-        promote.GatedRecord.model_validate_json(path.read_bytes())
+                                 f"a class promoted under {shown(output_dir)}")])
+    record = promote.GatedRecord.model_validate_json(store.read_bytes(key))
     sid = record.sweep_id if record is not None else None
     if not sid:
         raise SpecError([Problem(what, "the champion does not name the sweep it was decided on "
@@ -103,7 +102,7 @@ def resolve(ref: str, what: str, *, workdir: str | Path, tracking_uri: str,
     """One side of a comparison from its reference (see the module docstring); SpecError
     (exit 2) naming what was looked for when nothing matches."""
     workdir = str(workdir) if is_url(workdir) else str(Path(workdir).resolve())
-    output_dir = Path(output_dir)
+    output_dir = str(output_dir)
     if ref.startswith(CHAMPION_PREFIX):
         return _champion(ref, output_dir, workdir, what)
     if is_url(ref):

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specflow.champions.promote import Promotion
+from specflow.champions.promote import Promotion, record_json
 from specflow.records.measurement import MEASUREMENT, Measurement
 from specflow.spec.compile import EngineConfig, SweepPlan
 from specflow.spec.serialize import as_json
@@ -262,7 +262,13 @@ class Tracker:
 
         cls = promotion.traffic_class
         name = f"specflow-{target}-{cls}".replace("_", "-")
-        self.client.log_artifact(parent_id, str(promotion.path), f"promoted/{cls}")
+        if isinstance(promotion.path, Path):
+            self.client.log_artifact(parent_id, str(promotion.path), f"promoted/{cls}")
+        else:  # on an object store: the same record, from a local copy
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = Path(tmp) / "champion.json"
+                copy.write_text(record_json(promotion.record))
+                self.client.log_artifact(parent_id, str(copy), f"promoted/{cls}")
         try:
             self.client.create_registered_model(name, description=(
                 f"specflow champion for {target} on {hardware}, traffic class {cls}: a "

@@ -562,9 +562,17 @@ STORE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "a
 
 
 def _check_store(spec: Spec) -> list[Problem]:
-    """`tracking.workdir` as a URL: a scheme fsspec knows, its package installed, a bucket
-    named, no credentials written into it."""
-    url = spec.tracking.workdir
+    """Each location given as a URL (`tracking.workdir`, `promote.output_dir` where it is not
+    under the workdir): a scheme fsspec knows, its package installed, a bucket named, no
+    credentials written into it."""
+    workdir, out = spec.tracking.workdir, spec.promote.output_dir
+    found = [("tracking.workdir", workdir)]
+    if not out.startswith(workdir.rstrip("/") + "/"):
+        found.append(("promote.output_dir", out))
+    return [p for field, url in found for p in _check_url(field, url)]
+
+
+def _check_url(field: str, url: str) -> list[Problem]:
     if "://" not in url or url.startswith("file://"):
         return []
     import importlib.util
@@ -575,19 +583,19 @@ def _check_store(spec: Spec) -> list[Problem]:
     known = sorted(fsspec.available_protocols())
     out = []
     if scheme not in known:
-        out.append(Problem("tracking.workdir", f"{scheme!r} is not a filesystem fsspec knows",
+        out.append(Problem(field, f"{scheme!r} is not a filesystem fsspec knows",
                            url, "a local path, or a URL such as s3://bucket/prefix, "
                            "gs://bucket/prefix", did_you_mean(scheme, known)))
     elif (pkg := STORE_PACKAGES.get(scheme)) and importlib.util.find_spec(pkg) is None:
-        out.append(Problem("tracking.workdir", f"{scheme}:// needs the package {pkg}, which is "
+        out.append(Problem(field, f"{scheme}:// needs the package {pkg}, which is "
                            "not installed", url, f"pip install {pkg}"))
     netloc = rest.split("/", 1)[0]
     if "@" in netloc:
-        out.append(Problem("tracking.workdir", "credentials written into the URL", Raw(
+        out.append(Problem(field, "credentials written into the URL", Raw(
             f"{scheme}://***@{netloc.rsplit('@', 1)[1]}/..."), "the backend's environment "
             "variables (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"))
     elif not netloc and scheme not in {"memory"}:
-        out.append(Problem("tracking.workdir", "no bucket named", url, f"{scheme}://BUCKET/PREFIX"))
+        out.append(Problem(field, "no bucket named", url, f"{scheme}://BUCKET/PREFIX"))
     return out
 
 

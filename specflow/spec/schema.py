@@ -9,7 +9,7 @@ the docstring under it. Derived values (engine configs, hashes, memory) are comp
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -771,7 +771,10 @@ class PromoteSpec(_Model):
     quality: QualitySpec = Field(default_factory=QualitySpec)
     """Output-equality gate."""
     output_dir: str = "promoted"
-    """Directory promoted configs are written to."""
+    """Where champions and their history are written: a directory, or an object-store URL
+    (`s3://bucket/prefix/promoted`). With `tracking.workdir` a URL, a relative directory is
+    taken under it (`promoted` -> `<workdir>/promoted`), so a fleet's champions are in the
+    bucket, not on the disk of the process that decided."""
     min_repeats: int = Field(default=3, ge=2, le=100)
     """OK repeats every point needs; fewer refuses the decision and names what to re-measure.
     The defaults are calibrated for 5 repeats with the baseline bracketing the sweep."""
@@ -1033,3 +1036,21 @@ class Spec(_Model):
     service: dict[Annotated[str, Field(pattern=CLASS_NAME)], ServiceSpec] = Field(
         default_factory=dict)
     """Services to decide for, by name (the name is their traffic class); none by default."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _champions_beside_a_remote_ledger(cls, data: Any) -> Any:
+        """With the ledger in an object store, a relative `promote.output_dir` is under it."""
+        if not isinstance(data, dict):
+            return data
+        tracking, promote = data.get("tracking"), data.get("promote")
+        workdir = tracking.get("workdir") if isinstance(tracking, dict) else None
+        if not isinstance(promote, dict):
+            return data
+        out = promote.get("output_dir", "promoted")
+        if isinstance(workdir, str) and "://" in workdir and not workdir.startswith(
+                "file://") and isinstance(out, str) and out and "://" not in out and \
+                not out.startswith(("/", "~")):
+            data = {**data, "promote": {**promote, "output_dir":
+                                        f"{workdir.rstrip('/')}/{out.strip('/')}"}}
+        return data

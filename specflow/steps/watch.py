@@ -157,9 +157,7 @@ def resolve(spec: Spec, traffic_class: str, *, source: bool = True) -> Watching:
 
 
 def _classes(spec: Spec) -> list[str]:
-    root = Path(spec.promote.output_dir)
-    return sorted(p.name for p in root.iterdir() if (p / promote.CHAMPION).is_file()) \
-        if root.is_dir() else []
+    return promote.promoted(spec.promote.output_dir)
 
 
 def promoted_classes(spec: Spec) -> list[str]:
