@@ -10,6 +10,7 @@ re-run task redoes only what is missing. `on_window` (progress) is for in-proces
 (with a pool, it is fed from the shared ledger).
 """
 
+import logging
 from typing import Any
 
 from prefect import flow, task
@@ -23,7 +24,36 @@ from specflow.engine.forkserver import fork_servers
 from specflow.engine.loadgen import shared_drivers
 from specflow.engine.server import EngineStartError
 from specflow.records.measurement import Measurement
+from specflow.records.store import StoreError
 from specflow.results import console
+
+
+class _StoreDownInOneLine(logging.Filter):
+    """A store that cannot be used (unreachable past `tracking.store_grace_s`) is logged by
+    Prefect as its one-line message, not a traceback: the message names the setting, the URL
+    and the wait, and the stack says nothing more to the user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], StoreError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+for _name in ("prefect.task_runs", "prefect.flow_runs"):
+    logging.getLogger(_name).addFilter(_StoreDownInOneLine())
+
+
+def _stop_if_store_down(state: Any) -> None:
+    """An engine task that failed because the store cannot be reached ends the sweep there (its
+    StoreError raised again: `main` prints it, exit 1): the next engine start would wait out
+    the same grace; what was written is kept and the same command goes on from it."""
+    if state.is_failed():
+        try:
+            state.result()
+        except StoreError:
+            raise
+        except Exception:  # noqa: BLE001, S110 - any other failure is the unit's own error
+            pass
 
 
 @task(name="prepare", task_run_name="prepare {overrides}", cache_policy=NO_CACHE)
@@ -187,6 +217,7 @@ def sweep_flow(overrides: list[str], run_label: str = "",
         engines = []
         for engine_hash, name in plan.engines:
             state = measure_engine(overrides, engine_hash, name, on_window, return_state=True)
+            _stop_if_store_down(state)
             engines.append(state.result() if state.is_completed()
                            else steps.UnitResult(engine=name, hash=engine_hash,
                                                  error=state.message))
@@ -229,6 +260,7 @@ def _race(overrides: list[str], plan: steps.Prepared, on_window: steps.OnWindow 
             continue
         for seq, name in current.starts:
             state = measure_start(overrides, seq, name, on_window, return_state=True)
+            _stop_if_store_down(state)
             starts.append(state.result() if state.is_completed()
                           else steps.UnitResult(engine=name, seq=seq, error=state.message))
     outcome = decide(overrides)

@@ -665,9 +665,24 @@ def cmd_build_models(overrides: list[str], flags: Flags) -> int:
     from specflow.config.compose import load
     from specflow.demo import tiny
 
-    root = Path(load(overrides).spec.paths.models)
-    paths = tiny.build_all(root)
-    sys.stdout.write(json.dumps({k: str(v) for k, v in paths.items()}, indent=2) + "\n")
+    location = load(overrides).spec.paths.models
+    if not is_url(location):
+        paths = tiny.build_all(Path(location).expanduser())
+        sys.stdout.write(json.dumps({k: str(v) for k, v in paths.items()}, indent=2) + "\n")
+        return 0
+    import tempfile
+
+    from specflow.records.store import Store
+
+    # a bucket: built here, then uploaded (the way a cluster is given its weights)
+    store = Store(location, setting="paths.models")
+    store.check()
+    with tempfile.TemporaryDirectory() as tmp:
+        built = tiny.build_all(Path(tmp))
+        for name, path in built.items():
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                store.upload(f, f"{name}/{f.relative_to(path)}")
+    sys.stdout.write(json.dumps({k: store.join(k) for k in built}, indent=2) + "\n")
     return 0
 
 

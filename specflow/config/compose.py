@@ -595,6 +595,7 @@ def load_plan(overrides: Sequence[str] = (), root: Path | None = None
     except PartialSpecError as err:
         loaded, earlier = err.partial, err.problems
     sources = Sources(root, loaded.choices, loaded.overrides)
+    earlier += _copy_remote_models(loaded.spec)
     try:
         plan = compile_plan(loaded.spec, catalog(root))
     except SpecError as err:
@@ -604,6 +605,39 @@ def load_plan(overrides: Sequence[str] = (), root: Path | None = None
     if earlier:
         raise SpecError(earlier)
     return loaded, plan
+
+
+def model_locations(spec: Spec) -> dict[str, str]:
+    """Every model location of a spec by its dotted field (target, tokenizer, checkpoints)."""
+    out = {"target.model": spec.target.model}
+    if spec.target.tokenizer:
+        out["target.tokenizer"] = spec.target.tokenizer
+    for name, d in spec.drafter.items():
+        for cname, c in d.checkpoints.items():
+            out[f"drafter.{name}.checkpoints.{cname}.model"] = c.model
+    return out
+
+
+def _copy_remote_models(spec: Spec) -> list[Problem]:
+    """The small files of every model kept at a URL, copied to this node (`records.models`):
+    what compiling (a drafter's architecture) and tokenizing prompts read. A store that refuses
+    or has no model there is a problem naming the field."""
+    from specflow.records import models
+    from specflow.records.store import StoreError, shown
+    from specflow.spec.hfcache import is_model_url
+
+    out = []
+    for field_, location in model_locations(spec).items():
+        if not is_model_url(location):
+            continue
+        try:
+            models.fetch(location, weights=False, setting=field_)
+        except (StoreError, OSError) as exc:
+            out.append(Problem(field_, str(exc).removeprefix(f"{field_}: ")
+                               .removeprefix(f"{shown(location)}: "), shown(location),
+                               "a directory of a model (its config.json) that this process "
+                               "can read"))
+    return out
 
 
 def _best_source(sources: Sources, p: Problem) -> str:

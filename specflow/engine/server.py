@@ -37,7 +37,10 @@ from specflow.engine.forkserver import (
     process_alive,
 )
 from specflow.engine.launcher import vllm_command
+from specflow.records import models
+from specflow.records.store import StoreError, shown
 from specflow.spec.compile import EngineConfig, secret_option
+from specflow.spec.hfcache import is_model_url, local_model
 from specflow.spec.schema import EndpointBackend, LocalBackend
 
 FailureKind = Literal["start_failed", "oom", "hang", "busy_port", "crashed", "killed",
@@ -146,6 +149,44 @@ def served_model_name(ec: EngineConfig) -> str:
 def tokenizer_of(ec: EngineConfig) -> str:
     """The tokenizer the engine uses (`--tokenizer`, else the model path or id)."""
     return argv_value(ec.serve_argv, "--tokenizer") or ec.serve_argv[2]
+
+
+def _model_words(argv: Sequence[str]) -> list[tuple[int, str | None]]:
+    """Where an argv names a model: (index, None) for a word that is a location, (index, key)
+    for a JSON word (`--speculative-config`) whose `key` is one."""
+    out: list[tuple[int, str | None]] = [(2, None)] if len(argv) > 2 else []
+    for i, word in enumerate(argv[:-1]):
+        if word == "--tokenizer":
+            out.append((i + 1, None))
+        elif word == "--speculative-config":
+            out.append((i + 1, "model"))
+    return out
+
+
+def model_locations(argv: Sequence[str]) -> list[str]:
+    """The model locations a serve argv names (target, tokenizer, draft checkpoint)."""
+    found = []
+    for i, key in _model_words(argv):
+        value = argv[i] if key is None else json.loads(argv[i]).get(key)
+        if isinstance(value, str):
+            found.append(value)
+    return found
+
+
+def on_this_node(argv: Sequence[str]) -> list[str]:
+    """A serve argv with each model location as this node reaches it (`local_model`: a URL as
+    its node-local copy, `~` expanded); the compiled argv, the engine's identity, keeps them as
+    written, the same on every node."""
+    out = list(argv)
+    for i, key in _model_words(out):
+        if key is None:
+            out[i] = local_model(out[i])
+            continue
+        cfg = json.loads(out[i])
+        if isinstance(cfg.get(key), str) and local_model(cfg[key]) != cfg[key]:
+            out[i] = json.dumps({**cfg, key: local_model(cfg[key])}, sort_keys=True,
+                                separators=(",", ":"))
+    return out
 
 
 def free_port(host: str, exclude: Sequence[int] = ()) -> int:
@@ -322,7 +363,7 @@ class LocalEngine(Server):
         self.api_key = argv_value(ec.serve_argv, "--api-key") or self.env.get("VLLM_API_KEY") \
             or None
         self.model_name = served_model_name(ec)
-        self.tokenizer = tokenizer_of(ec)
+        self.tokenizer = local_model(tokenizer_of(ec))
         self.host = backend.host
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
@@ -355,8 +396,8 @@ class LocalEngine(Server):
         # not part of the engine's identity (its hash is the compiled serve argv).
         per_request = (["--per-request-spec-decode-metrics", "summary"]
                        if self.ec.speculative_config is not None else [])
-        return [*prefix, *self.ec.serve_argv[1:], *per_request, "--host", self.host, "--port",
-                str(port)]
+        return [*prefix, *on_this_node(self.ec.serve_argv)[1:], *per_request, "--host",
+                self.host, "--port", str(port)]
 
     @property
     def running(self) -> bool:
@@ -384,6 +425,7 @@ class LocalEngine(Server):
             raise EngineStartError(EngineFailure(
                 "start_failed", f"backend.api_key_env names ${self.backend.api_key_env}, which "
                 "is not set; the engine is not started without its key"))
+        self._copy_models()
         port = self.backend.port or free_port(self.host)
         t0 = time.monotonic()
         for attempt in (1, 2):
@@ -400,6 +442,22 @@ class LocalEngine(Server):
                 self._mark(f"port {self.port} was busy; retrying once on port {port}")
                 continue
             raise EngineStartError(failure)
+
+    def _copy_models(self) -> None:
+        """Copy the models kept at a URL to this node's disk (`records.models`), before the
+        start timeout begins; one that cannot be copied fails the start, saying which."""
+        for location in model_locations(self.ec.serve_argv):
+            if not is_model_url(location):
+                continue
+            self._mark(f"copying {shown(location)} to this node")
+            try:
+                where = models.fetch(location)
+            except (StoreError, OSError) as exc:
+                raise EngineStartError(EngineFailure(
+                    "start_failed", f"engine '{self.ec.name}': its model {shown(location)} could "
+                    f"not be copied to this node ({exc})")) from None
+            self._mark(f"{shown(location)} is at {where}")
+        self.tokenizer = local_model(tokenizer_of(self.ec))
 
     def failure(self) -> EngineFailure | None:
         """Why the engine is not serving now (process gone or unhealthy), or None."""

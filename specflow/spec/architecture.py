@@ -111,7 +111,7 @@ def safetensors_params(directory: Path) -> int:
 
 def snapshot_dir(model: str, revision: str | None = None) -> Path | None:
     """A local directory holding `model`: the path itself or its HF cache snapshot."""
-    path = Path(model).expanduser()
+    path = Path(hfcache.local_model(model))
     if (path / "config.json").is_file():
         return path
     snap = hfcache.snapshot(model, revision)

@@ -8,6 +8,7 @@ HF_HUB_CACHE, the older HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggi
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import warnings
@@ -71,3 +72,33 @@ def snapshot(repo_id: str, revision: str | None = None, repo_type: RepoType = "m
     commit = ref_file.read_text().strip() if ref_file.is_file() else ref
     snap = repo / "snapshots" / commit
     return snap if snap.is_dir() else None
+
+
+def is_model_url(location: str) -> bool:
+    """Whether a model location is an object-store URL (`s3://bucket/models/x`), which each node
+    copies to its own disk, rather than a local path or a Hugging Face id."""
+    return "://" in location and not location.startswith("file://")
+
+
+def model_cache(location: str, *, weights: bool = True) -> Path:
+    """The node-local copy of a model kept at a URL: `$XDG_CACHE_HOME/specflow/models/<name>-
+    <hash of the URL>`; `weights=False`: the copy of its small files (config, tokenizer) and its
+    safetensors headers, which reading the architecture and tokenizing prompts need."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "specflow"
+    name = location.rstrip("/").rsplit("/", 1)[-1] or "model"
+    key = hashlib.sha256(location.rstrip("/").encode()).hexdigest()[:12]
+    return root / "models" / (f"{name}-{key}" if weights else f"{name}-{key}.meta")
+
+
+COMPLETE = ".specflow-complete"
+"""The file a finished node-local copy holds (a copy without it is redone)."""
+
+
+def local_model(location: str) -> str:
+    """A model location as a process on this node passes it to vLLM or a tokenizer: a URL as its
+    node-local copy (the full one when there, else the small files), a `~` path expanded, a Hugging
+    Face id or a plain path unchanged."""
+    if is_model_url(location):
+        full = model_cache(location)
+        return str(full if (full / COMPLETE).is_file() else model_cache(location, weights=False))
+    return str(Path(location).expanduser()) if location.startswith("~") else location

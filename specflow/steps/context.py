@@ -21,18 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from specflow.config.artifact import artifact_config
-from specflow.config.compose import Loaded, load_plan
+from specflow.config.compose import Loaded, load_plan, model_locations
 from specflow.demo import tiny
 from specflow.engine import device, vllm_check
 from specflow.engine.runner import RESULT_FILE, Window, output_digests, plan_windows
 from specflow.records.measurement import Measurement
-from specflow.records.store import Store, StoreError, is_url
+from specflow.records.store import Store, StoreError, is_url, shown
 from specflow.results.ledger import Ledger, SweepInfo, sweep_id
 from specflow.results.tracking import Tracker
 from specflow.search import predict
 from specflow.search.plan import EngineStart, Shape
 from specflow.spec.compile import EngineConfig, SweepPlan
 from specflow.spec.errors import Problem, SpecError
+from specflow.spec.hfcache import is_model_url, local_model
 from specflow.spec.memory import Headroom, headroom
 from specflow.spec.schema import Spec
 from specflow.workloads import MaterializedWorkload, materialize_all
@@ -132,7 +133,7 @@ class Context:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         if self.tracking_error is None:
             log.warning("MLflow unreachable (%s): results stay in %s and are synced on the next "
-                        "run", first, self.ledger.points)
+                        "run", first, shown(self.ledger.location))
         self.tracking_error = first
         self.tracker = None
 
@@ -246,10 +247,11 @@ def headroom_reports(loaded: Loaded, plan: SweepPlan) -> list[Headroom]:
 
 def _local_models(loaded: Loaded) -> bool:
     """Whether the spec points at the tiny local models (built on demand)."""
-    root = Path(loaded.spec.paths.models).resolve()
-    paths = [loaded.spec.target.model] + [
-        c.model for d in loaded.spec.drafter.values() for c in d.checkpoints.values()]
-    return any(Path(p).resolve().is_relative_to(root) for p in paths)
+    if is_model_url(loaded.spec.paths.models):
+        return False
+    root = Path(loaded.spec.paths.models).expanduser().resolve()
+    return any(Path(p).expanduser().resolve().is_relative_to(root)
+               for p in model_locations(loaded.spec).values() if not is_model_url(p))
 
 
 def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> vllm_check.VllmFacts:
@@ -303,7 +305,7 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = 
     spec = loaded.spec
     facts = _vllm_facts(loaded, plan)
     if _local_models(loaded):
-        tiny.build_all(Path(spec.paths.models))
+        tiny.build_all(Path(spec.paths.models).expanduser())
     measured = measured_settings(spec)
     ledger = open_ledger(spec, sweep_id(plan.hash, facts.version, measured))
     pinned = pins(loaded, facts)
@@ -314,7 +316,7 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = 
         repeats=spec.sweep.repeats))
     reports = {ec.hash: h for ec, h in zip(plan.engine_configs, headroom_reports(loaded, plan),
                                                    strict=True)}
-    local_tok = Path(spec.target.tokenizer or spec.target.model).expanduser()
+    local_tok = Path(local_model(spec.target.tokenizer or spec.target.model))
     datasets = materialize_all(spec.workload, ledger.dir / "datasets",
                                tokenizer=str(local_tok) if local_tok.is_dir() else None,
                                concurrency=spec.sweep.concurrency)
@@ -330,26 +332,40 @@ def open_sweep(overrides: Sequence[str], *, tracking: bool = True, sync: bool = 
 def open_ledger(spec: Spec, sid: str) -> Ledger:
     """The sweep's ledger in `tracking.workdir` (a path or an object-store URL); a store that
     refuses the credentials, or whose bucket does not exist, is a SpecError naming the
-    setting."""
+    setting; one that cannot be reached past its grace stays a StoreError."""
     tr = spec.tracking
     check_workdir(spec)
     try:
         return Ledger(tr.workdir, sid, scratch=tr.scratch, grace_s=tr.store_grace_s)
     except StoreError as exc:
+        if exc.unreachable:
+            raise
         raise _store_problem(exc, tr.workdir) from None
 
 
 def check_workdir(spec: Spec) -> None:
     """SpecError naming `tracking.workdir` unless its store can be listed (the bucket exists,
-    the credentials are accepted); a local directory is created."""
-    try:
-        Store(spec.tracking.workdir, grace_s=spec.tracking.store_grace_s).check()
-    except StoreError as exc:
-        raise _store_problem(exc, spec.tracking.workdir) from None
+    the credentials are accepted); a local directory is created. The same for
+    `promote.output_dir` where it is a URL of its own."""
+    workdir, out = spec.tracking.workdir, spec.promote.output_dir
+    found = [("tracking.workdir", workdir)]
+    if is_url(out) and not out.startswith(workdir.rstrip("/") + "/"):
+        found.append(("promote.output_dir", out))
+    problems = []
+    for setting, location in found:
+        try:
+            Store(location, setting=setting, grace_s=spec.tracking.store_grace_s).check()
+        except StoreError as exc:
+            if exc.unreachable:  # not a setting to fix: exit 1 with the message, not 2
+                raise
+            problems += _store_problem(exc, location, setting).problems
+    if problems:
+        raise SpecError(problems)
 
 
-def _store_problem(exc: StoreError, workdir: str) -> SpecError:
-    return SpecError([Problem("tracking.workdir", str(exc).removeprefix("tracking.workdir: ")
+def _store_problem(exc: StoreError, workdir: str, setting: str = "tracking.workdir"
+                   ) -> SpecError:
+    return SpecError([Problem(setting, str(exc).removeprefix(f"{setting}: ")
                               .removeprefix(f"{workdir}: "), workdir,
                               "a store this process can read and write")])
 

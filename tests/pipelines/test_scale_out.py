@@ -56,6 +56,16 @@ def _own(tmp: Path, name: str) -> dict[str, str]:
     return {"HOME": str(home), "XDG_CACHE_HOME": str(home / "cache")}
 
 
+def _upload_models(local: Path, url: str) -> None:
+    """The tiny models into the bucket, one directory per kind (as `build-models` puts them)."""
+    from specflow.records.store import Store
+
+    store = Store(url)
+    for kind in sorted(p for p in local.iterdir() if p.is_symlink()):
+        for f in sorted(p for p in kind.resolve().rglob("*") if p.is_file()):
+            store.upload(f, f"{kind.name}/{f.relative_to(kind.resolve())}")
+
+
 def _worker(tmp: Path, env: dict[str, str], name: str, device: str) -> subprocess.Popen:
     """`prefect worker start` owning `device`, one flow run at a time, with its own home and
     cache; on this CPU machine its engines' OpenMP threads are bound to core `device` (the CPU
@@ -72,8 +82,9 @@ def _worker(tmp: Path, env: dict[str, str], name: str, device: str) -> subproces
 @pytest.mark.engine
 def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
         tmp_path: Path, tiny_models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four engine configs on two workers (devices 0 and 1), the ledger and MLflow's
-    artifacts on a bucket, no directory shared. Worker 0 is SIGKILLed after the
+    """Four engine configs on two workers (devices 0 and 1), the ledger, the champions, the
+    models and MLflow's artifacts on a bucket, no directory shared (each process copies the
+    models to its own cache). Worker 0 is SIGKILLed after the
     first window of its first config: its flow run's process and engine die with it, the
     sweep declares the config lost (lease) or crashed and submits it again; a replacement
     worker on device 0 joins. The sweep completes: each config has one completed flow run,
@@ -84,12 +95,13 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
     decision step computes from the same windows copied to a local path, which misses none.
     Then `bench/scale_out.py --smoke` runs on the same pool, workers and servers: exit 0, its
     one config measured."""
-    models = tiny_models
     s3 = live.S3Server(tmp_path).start()
     work = s3.bucket("fleet") + "/specflow"
     for k, v in s3.env.items():  # this process reads the bucket too
         monkeypatch.setenv(k, v)
     _fresh_s3()
+    models = f"{work}/models"
+    _upload_models(tiny_models, models)
     port = live.port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"),
@@ -124,8 +136,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
                      "sweep.concurrency=[1]", "sweep.repeats=3", "promote.min_repeats=2",
                      "sweep.closing_baseline_repeats=0", "sweep.design=grid",
                      f"paths.models={models}", f"tracking.workdir={work}",
-                     f"tracking.uri={mlflow_server.uri}",
-                     f"promote.output_dir={tmp_path / 'promoted'}"]
+                     f"tracking.uri={mlflow_server.uri}"]
         with open(logs[1], "wb") as fh:
             sweep = subprocess.Popen(
                 [sys.executable, "-m", "specflow", *overrides,
@@ -208,11 +219,17 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
             assert "measurement.json" in Store("s3://fleet/mlartifacts").names(
                 f"{exp.experiment_id}/{r.info.run_id}/artifacts")
 
-        assert not processes_using(models), processes_using(models)
+        assert not processes_using(tmp_path / "nodes"), processes_using(tmp_path / "nodes")
         nodes = {p.name for p in (tmp_path / "nodes").iterdir()}
         assert {"gpu-0", "gpu-1", "gpu-0b", "sweep"} <= nodes
         scratch = {n for n in nodes if list((tmp_path / "nodes" / n / "cache").rglob("*.log"))}
         assert {"gpu-0", "gpu-1"} <= scratch  # each worker's engine logs in its own cache
+        copied = {n for n in nodes if any(
+            not p.parent.name.endswith(".meta") for p in (tmp_path / "nodes" / n / "cache")
+            .glob("specflow/models/target-*/.specflow-complete"))}
+        assert {"gpu-0", "gpu-1"} <= copied  # each worker ran engines from its own copy
+        assert "sweep" not in copied  # the flow that fans out copied no weights
+        assert Store(work).names("promoted") == ["chat"]  # the champion in the bucket
         assert not (tmp_path / "work").exists()
         decision = live.decision_lines(out)
         assert re.search(r"chat c1: \S+", "\n".join(decision)), out[-3000:]
@@ -227,7 +244,8 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
         local = tmp_path / "local"
         store = Store(work)
         store.fs.get(f"{store.root}/sweeps/{sid}", str(local / "sweeps" / sid), recursive=True)
-        again = steps.open_sweep([*overrides, f"tracking.workdir={local}"])
+        again = steps.open_sweep([*overrides, f"tracking.workdir={local}",
+                                  f"promote.output_dir={tmp_path / 'promoted-local'}"])
         assert again.sid == sid and steps.missing(again) == []
         shown = io.StringIO()
         print_outcome(steps.outcome_summary(again, steps.decide(again)),

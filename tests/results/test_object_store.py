@@ -11,6 +11,7 @@ waited out and the write lands; unreachable past `store_grace_s` is a clear erro
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -125,6 +126,83 @@ def test_a_ledger_on_a_bucket_reads_back_what_a_local_one_does(s3: live.S3Server
     assert "sweep1" in str(err.value.problems[0].expected)
 
 
+def test_champions_on_a_bucket_swap_one_pointer_and_a_racing_promotion_decides_again(
+        s3: live.S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Champions and their history in the bucket: `champion.json` is replaced by one
+    conditional PUT (If-Match its ETag) and each version is a key written once. A promotion
+    whose swap loses to another one (the champion changed after it read it) does not overwrite
+    it: it reads the new champion and decides again against it, so the record names the
+    champion it really replaced and nothing is lost from history. Restore, `compare
+    champion:CLASS` and the MLflow registration work from the bucket."""
+    import subprocess
+    import sys
+
+    from specflow.champions import promote
+    from specflow.results.tracking import Tracker
+    from tests.champions.test_promote import _promote
+
+    out = s3.bucket("champions") + "/team/promoted"
+    store = Store(out).sub("math")
+
+    # the pointer swap itself: a stale tag is refused and changes nothing
+    first = _promote("first", out)
+    assert first.status == "promoted" and first.path == f"{out}/math/champion.json"
+    body, tag = store.read_tagged("champion.json")
+    assert store.replace_if("champion.json", body, tag) is True
+    _, now = store.read_tagged("champion.json")
+    assert store.replace_if("champion.json", b"{}", "\"0000\"") is False
+    assert store.read_tagged("champion.json") == (body, now)
+
+    # a competing promotion swaps first: the outer one decides again against it
+    competitor: list[promote.Promotion] = []
+    swap, raced = Store.replace_if, []
+
+    def racing(self: Store, key: str, data: str | bytes, tag: str | None) -> bool:
+        if key == "champion.json" and not raced:
+            raced.append(key)
+            competitor.append(_promote("slower", out))  # lands between the read and the swap
+        return swap(self, key, data, tag)
+
+    monkeypatch.setattr(Store, "replace_if", racing)
+    second = _promote("second", out)
+    monkeypatch.undo()
+    (slower,) = competitor
+    assert slower.status == "promoted" and slower.previous == first.version
+    assert second.status == "promoted" and second.previous == slower.version  # not first
+    assert promote.champion(out, "math").version == second.version
+    assert promote.history(out, "math") == sorted([first.version, slower.version,
+                                                   second.version])
+    assert promote.promoted(out) == ["math"]
+
+    # restore walks back through the bucket's history, from the command line too
+    env = dict(os.environ, COLUMNS="200")
+    got = subprocess.run([sys.executable, "-m", "specflow", "restore", "math",
+                          f"promote.output_dir={out}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert f"restored math champion {slower.version} (was {second.version})" in got.stdout
+    assert promote.champion(out, "math").version == slower.version
+
+    # the registry mirrors a champion kept in the bucket (its record, from a local copy)
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "specflow/tiny/cpu",
+                      artifact_root=tmp_path / "artifacts")
+    parent = tracker.client.create_run(tracker.experiment_id()).info.run_id
+    tracker.register_champion(parent, second, "tiny", "cpu")
+    logged = tracker.client.download_artifacts(parent, "promoted/math/champion.json",
+                                               str(tmp_path / "dl"))
+    assert json.loads(Path(logged).read_text())["version"] == second.version
+
+    # a champion in the bucket names its sweep; `compare champion:math` looks for it there
+    with pytest.raises(comparing.SpecError) as err:
+        comparing.resolve("champion:math", "compare A", workdir=tmp_path / "work",
+                          tracking_uri="sqlite:///x.db", output_dir=out)
+    assert "does not name the sweep" in err.value.problems[0].problem
+    with pytest.raises(comparing.SpecError) as err:
+        comparing.resolve("champion:math@nope", "compare A", workdir=tmp_path / "work",
+                          tracking_uri="sqlite:///x.db", output_dir=out)
+    assert second.version in str(err.value.problems[0].expected)
+
+
 def test_a_missing_bucket_and_refused_credentials_are_clear_errors_without_the_secret(
         s3: live.S3Server, tmp_path: Path) -> None:
     with pytest.raises(StoreError) as err:
@@ -191,13 +269,18 @@ def test_an_unreachable_store_is_waited_out_then_a_clear_error(s3: live.S3Server
 
 @pytest.mark.engine
 def test_a_sweep_on_a_bucket_resumes_after_a_kill_and_decides_as_on_a_local_path(
-        s3: live.S3Server, tmp_path: Path, tiny_models: Path, prefect_api: str) -> None:
-    """The main job with `tracking.workdir` on the bucket, its MLflow artifacts there too, and
-    each run with its own scratch directory (as another machine): SIGKILLed after its first
-    window, run again: the windows measured before are kept as they were, the rest measured,
-    one MLflow child run per window, its artifacts in the bucket. The decision equals the one
-    the decision step makes from the same windows copied to a local path; `compare` and
-    `profile` read the sweep from the bucket."""
+        s3: live.S3Server, tmp_path: Path, prefect_api: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main job with `tracking.workdir` on the bucket, its MLflow artifacts and champions
+    there too, its models in the bucket (`build-models` uploads them) and each run with its own
+    scratch directory and node cache (as another machine): SIGKILLed after its first window;
+    run again with its link to the store cut after one more window: past
+    `tracking.store_grace_s` it ends with one line naming `tracking.workdir`, exit 1, no
+    traceback; run again: each run copied the models to its own disk, the windows measured
+    before are kept as they were, the rest measured, one MLflow child run per window, its
+    artifacts in the bucket. The decision equals the one the decision step makes from the same
+    windows copied to a local path, and its record is in the bucket; `compare` and `profile`
+    read the sweep from the bucket."""
     import io
     import signal
     import subprocess
@@ -213,18 +296,27 @@ def test_a_sweep_on_a_bucket_resumes_after_a_kill_and_decides_as_on_a_local_path
 
     url = s3.bucket("sweeps") + "/specflow"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    common = [*SMALL, "drafter=[none,ngram]", "sweep.closing_baseline_repeats=0",
-              f"paths.models={tiny_models}",
-              f"tracking.uri={uri}", f"promote.output_dir={tmp_path / 'promoted'}"]
     env = dict(_env(tmp_path, prefect_api), COLUMNS="80")
+    models = f"{url}/models"
+    built = subprocess.run([sys.executable, "-m", "specflow", "build-models",
+                            f"paths.models={models}"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600, check=False)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert json.loads(built.stdout)["mimo_mtp1"] == f"{models}/mimo_mtp1"
+    common = [*SMALL, "drafter=[none,ngram]", "sweep.closing_baseline_repeats=0",
+              f"paths.models={models}", f"tracking.uri={uri}"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-reader"))
 
-    def main(scratch: str, *extra: str) -> list[str]:
+    def main(node: str, *extra: str) -> list[str]:
         return [sys.executable, "-m", "specflow", *common, f"tracking.workdir={url}",
-                f"tracking.scratch={tmp_path / scratch}", *extra]
+                f"tracking.scratch={tmp_path / node / 'scratch'}", *extra]
+
+    def node_env(node: str) -> dict[str, str]:
+        return dict(env, XDG_CACHE_HOME=str(tmp_path / node / "cache"))
 
     with open(tmp_path / "first.log", "wb") as log:
-        first = subprocess.Popen(main("scratch-1"), cwd=tmp_path, env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        first = subprocess.Popen(main("node-1"), cwd=tmp_path, env=node_env("node-1"),
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         def one_window_in_the_bucket() -> bool:
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
@@ -239,19 +331,53 @@ def test_a_sweep_on_a_bucket_resumes_after_a_kill_and_decides_as_on_a_local_path
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
-    live.wait_for("no engine left", lambda: not processes_using(tiny_models), 60)
+    live.wait_for("no engine left", lambda: not processes_using(tmp_path / "node-1"), 60)
     (sid,) = sweep_ids(url)
     ledger = Ledger(url, sid, scratch=tmp_path / "reader")
     before = {e.measurement.key.id: e.measurement for e in ledger.entries() if e.measurement.ok}
     assert before
 
-    again = subprocess.run(main("scratch-2"), cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=900, check=False)
+    # the store unreachable mid-sweep past its grace: the run ends with one line, exit 1
+    with live.Outage(s3.port, "503") as link:
+        cut_env = dict(node_env("node-cut"), AWS_ENDPOINT_URL_S3=link.url,
+                       MLFLOW_S3_ENDPOINT_URL=link.url)
+        with open(tmp_path / "cut.log", "wb") as out, open(tmp_path / "cut.err", "wb") as err:
+            cut = subprocess.Popen(main("node-cut", "tracking.store_grace_s=5"), cwd=tmp_path,
+                                   env=cut_env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            def another_window() -> bool:
+                assert cut.poll() is None, (tmp_path / "cut.err").read_text()[-3000:]
+                return len([e for e in ledger.entries() if e.measurement.ok]) > len(before)
+
+            live.wait_for("another window in the bucket", another_window, 600,
+                          tmp_path / "cut.err", every_s=0.2)
+            link.cut()
+            cut.wait(timeout=300)
+        finally:
+            if cut.poll() is None:
+                os.killpg(cut.pid, signal.SIGKILL)
+    said = (tmp_path / "cut.err").read_text()
+    assert cut.returncode == 1, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    last = " ".join(said[said.rindex("error: "):].split())
+    assert last.startswith(f"error: tracking.workdir: {url} could not be reached for 5 s"), last
+    kept = {e.measurement.key.id: e.measurement for e in ledger.entries() if e.measurement.ok}
+    assert {k: kept[k] for k in before} == before and len(kept) > len(before)
+    before = kept
+    live.wait_for("no engine left", lambda: not processes_using(tmp_path / "node-cut"), 60)
+
+    again = subprocess.run(main("node-2"), cwd=tmp_path, env=node_env("node-2"),
+                           capture_output=True, text=True, timeout=900, check=False)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    for node in ("node-1", "node-2"):  # each node ran its engines from its own copy
+        copies = {p.parent.name.rsplit("-", 1)[0] for p in (tmp_path / node / "cache").glob(
+            "specflow/models/*/.specflow-complete") if not p.parent.name.endswith(".meta")}
+        assert "target" in copies, (node, copies)
     after = {e.measurement.key.id: e for e in ledger.entries()}
     assert {k: after[k].measurement for k in before} == before  # not measured again
     ctx = steps.open_sweep([*common, f"tracking.workdir={url}",
                             f"tracking.scratch={tmp_path / 'reader'}"], tracking=False)
+    assert ctx.spec.promote.output_dir == f"{url}/promoted"
     expected = sorted(w.key(ec).id for ec in ctx.plan.engine_configs for w in ctx.windows)
     assert sorted(after) == expected and all(e.measurement.ok and e.logged
                                              for e in after.values())
@@ -281,6 +407,11 @@ def test_a_sweep_on_a_bucket_resumes_after_a_kill_and_decides_as_on_a_local_path
                   Console(file=shown, width=80, highlight=False), 0.0)
     assert live.decision_lines(shown.getvalue()) == live.decision_lines(again.stdout)
     assert store.read_bytes(f"sweeps/{sid}/report/report.md")  # the report beside the records
+    # the decision's record (champion, or an undecided class's) in the bucket, not on this disk
+    (cls,) = store.names("promoted")
+    assert store.exists(f"promoted/{cls}/champion.json") or store.names(
+        f"promoted/{cls}/unresolved") or store.names(f"promoted/{cls}/refused")
+    assert not (tmp_path / "promoted").exists()
 
     # compare and profile read the sweep from the bucket
     for cmd in (["compare", sid, f"{url}/sweeps/{sid}"], ["profile", sid]):
