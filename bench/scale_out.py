@@ -56,7 +56,7 @@ from tests.pipelines import live  # noqa: E402 - the loopback servers the tests 
 console = Console(highlight=False)
 
 
-def _overrides(models: Path, work: Path, uri: str, experiment: str, a: argparse.Namespace
+def _overrides(models: str, work: Path, uri: str, experiment: str, a: argparse.Namespace
                ) -> list[str]:
     ngram = [] if a.ngram == "[]" else [f"+sweep.num_speculative_tokens.ngram={a.ngram}"]
     return ["experiment=cpu_demo", f"drafter=[none{',ngram' if ngram else ''}]", *ngram,
@@ -90,7 +90,7 @@ print(json.dumps(out))
     return json.loads(out.stdout)
 
 
-def _phase(n: int, tmp: Path, env: dict[str, str], models: Path, uri: str,
+def _phase(n: int, tmp: Path, env: dict[str, str], models: str, uri: str,
            a: argparse.Namespace) -> dict[str, Any]:
     pool, work = a.pool or f"w{n}", tmp / f"w{n}"
     if a.pool is None:
@@ -189,8 +189,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="windows per config")
     parser.add_argument("--ngram", default="[1,2,3]",
                         help="n-gram's N values (with the baseline, the sweep's configs)")
-    parser.add_argument("--models", type=Path, default=None,
-                        help="the tiny models, built there if missing (default: under workdir)")
+    parser.add_argument("--models", default=None,
+                        help="the tiny models, built there if missing (default: under workdir); "
+                             "a URL (s3://...): the models already uploaded there")
     parser.add_argument("--workers", default="1,2",
                         help="one phase per worker count, in this order (the ratio needs 1 and 2)")
     parser.add_argument("--smoke", action="store_true",
@@ -216,8 +217,9 @@ def main() -> int:
         parser.error("--pool runs one phase: give --workers its number of workers")
     tmp = a.workdir or Path(tempfile.mkdtemp(prefix="scale_out-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    models = a.models or tmp / "models"
-    tiny.build_all(models)
+    models = a.models or str(tmp / "models")
+    if "://" not in models:
+        tiny.build_all(Path(models))
     port = live.port()
     env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect"),
                PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'p.db'}",
