@@ -624,11 +624,11 @@ def _copy_remote_models(spec: Spec) -> list[Problem]:
     or has no model there is a problem naming the field."""
     from specflow.records import models
     from specflow.records.store import StoreError, shown
-    from specflow.spec.hfcache import is_model_url
+    from specflow.spec.locations import is_url
 
     out = []
     for field_, location in model_locations(spec).items():
-        if not is_model_url(location):
+        if not is_url(location):
             continue
         try:
             models.fetch(location, weights=False, setting=field_)

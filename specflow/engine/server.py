@@ -40,7 +40,8 @@ from specflow.engine.launcher import vllm_command
 from specflow.records import models
 from specflow.records.store import StoreError, shown
 from specflow.spec.compile import EngineConfig, secret_option
-from specflow.spec.hfcache import is_model_url, local_model
+from specflow.spec.hfcache import local_model
+from specflow.spec.locations import is_url
 from specflow.spec.schema import EndpointBackend, LocalBackend
 
 FailureKind = Literal["start_failed", "oom", "hang", "busy_port", "crashed", "killed",
@@ -447,7 +448,7 @@ class LocalEngine(Server):
         """Copy the models kept at a URL to this node's disk (`records.models`), before the
         start timeout begins; one that cannot be copied fails the start, saying which."""
         for location in model_locations(self.ec.serve_argv):
-            if not is_model_url(location):
+            if not is_url(location):
                 continue
             self._mark(f"copying {shown(location)} to this node")
             try:

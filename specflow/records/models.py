@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specflow.records.store import Store
-from specflow.spec.hfcache import COMPLETE, is_model_url, model_cache
+from specflow.spec.hfcache import COMPLETE, model_cache
+from specflow.spec.locations import is_url
 
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".msgpack", ".h5")
 """Files that hold tensors (left out of the small copy)."""
@@ -39,7 +40,7 @@ def fetch(location: str, *, weights: bool = True, setting: str = "paths.models")
     """The node-local copy of a model at a URL, made if it is not there (see the module
     docstring); StoreError naming `setting` when the store refuses or cannot be reached,
     FileNotFoundError when there is no model at the URL."""
-    if not is_model_url(location):
+    if not is_url(location):
         return Path(location).expanduser()
     dest = model_cache(location, weights=weights)
     if (dest / COMPLETE).is_file():

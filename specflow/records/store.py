@@ -38,6 +38,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from specflow.records.fsio import BeforeReplace, atomic_write, fsync_dir
+from specflow.spec.locations import is_url
+
+__all__ = ["Store", "StoreError", "is_url", "shown"]
 
 log = logging.getLogger("specflow.records.store")
 
@@ -65,12 +68,6 @@ class StoreError(Exception):
         super().__init__(message)
         self.unreachable = unreachable
         """Could not be reached (not a setting to fix: the same command goes on later)."""
-
-
-def is_url(location: str | Path) -> bool:
-    """Whether a location is a URL (`scheme://...`) rather than a local path."""
-    text = str(location)
-    return "://" in text and not text.startswith("file://")
 
 
 def shown(location: str | Path) -> str:

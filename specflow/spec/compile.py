@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import Field, computed_field
 
 from specflow.spec.errors import Problem, Raw, SpecError, did_you_mean, one_of
+from specflow.spec.locations import is_url
 from specflow.spec.methods import METHODS, MethodInfo
 from specflow.spec.profile import SYNTHETIC_RATES, apply_profile, check_synthetic
 from specflow.spec.schema import Checkpoint, DrafterSpec, Spec, TargetSpec
@@ -561,19 +562,24 @@ STORE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "a
 """The package an object-store URL's scheme needs (fsspec's own backends need none)."""
 
 
-def _check_store(spec: Spec) -> list[Problem]:
-    """Each location given as a URL (`tracking.workdir`, `promote.output_dir` where it is not
-    under the workdir): a scheme fsspec knows, its package installed, a bucket named, no
-    credentials written into it."""
+def store_settings(spec: Spec) -> list[tuple[str, str]]:
+    """The settings that may name a store, with their locations: `tracking.workdir`, and
+    `promote.output_dir` where it is not under the workdir."""
     workdir, out = spec.tracking.workdir, spec.promote.output_dir
     found = [("tracking.workdir", workdir)]
     if not out.startswith(workdir.rstrip("/") + "/"):
         found.append(("promote.output_dir", out))
-    return [p for field, url in found for p in _check_url(field, url)]
+    return found
+
+
+def _check_store(spec: Spec) -> list[Problem]:
+    """Each location given as a URL (`store_settings`): a scheme fsspec knows, its package
+    installed, a bucket named, no credentials written into it."""
+    return [p for field, url in store_settings(spec) for p in _check_url(field, url)]
 
 
 def _check_url(field: str, url: str) -> list[Problem]:
-    if "://" not in url or url.startswith("file://"):
+    if not is_url(url):
         return []
     import importlib.util
 

@@ -18,6 +18,8 @@ from typing import Literal
 
 from huggingface_hub import constants
 
+from specflow.spec.locations import is_url
+
 RepoType = Literal["model", "dataset"]
 
 
@@ -74,12 +76,6 @@ def snapshot(repo_id: str, revision: str | None = None, repo_type: RepoType = "m
     return snap if snap.is_dir() else None
 
 
-def is_model_url(location: str) -> bool:
-    """Whether a model location is an object-store URL (`s3://bucket/models/x`), which each node
-    copies to its own disk, rather than a local path or a Hugging Face id."""
-    return "://" in location and not location.startswith("file://")
-
-
 def model_cache(location: str, *, weights: bool = True) -> Path:
     """The node-local copy of a model kept at a URL: `$XDG_CACHE_HOME/specflow/models/<name>-
     <hash of the URL>`; `weights=False`: the copy of its small files (config, tokenizer) and its
@@ -98,7 +94,7 @@ def local_model(location: str) -> str:
     """A model location as a process on this node passes it to vLLM or a tokenizer: a URL as its
     node-local copy (the full one when there, else the small files), a `~` path expanded, a Hugging
     Face id or a plain path unchanged."""
-    if is_model_url(location):
+    if is_url(location):  # an object store's: copied to each node's disk
         full = model_cache(location)
         return str(full if (full / COMPLETE).is_file() else model_cache(location, weights=False))
     return str(Path(location).expanduser()) if location.startswith("~") else location

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from specflow.spec.errors import Problem, ProblemError, Raw, one_of
+from specflow.spec.locations import is_url
 
 PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
 """An integer >= 1 (list items: N values, concurrency levels, batch sizes), bounded so that
@@ -1048,9 +1049,8 @@ class Spec(_Model):
         if not isinstance(promote, dict):
             return data
         out = promote.get("output_dir", "promoted")
-        if isinstance(workdir, str) and "://" in workdir and not workdir.startswith(
-                "file://") and isinstance(out, str) and out and "://" not in out and \
-                not out.startswith(("/", "~")):
+        if isinstance(workdir, str) and is_url(workdir) and isinstance(out, str) and out and \
+                "://" not in out and not out.startswith(("/", "~")):
             data = {**data, "promote": {**promote, "output_dir":
                                         f"{workdir.rstrip('/')}/{out.strip('/')}"}}
         return data

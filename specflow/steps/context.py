@@ -31,9 +31,9 @@ from specflow.results.ledger import Ledger, SweepInfo, sweep_id
 from specflow.results.tracking import Tracker
 from specflow.search import predict
 from specflow.search.plan import EngineStart, Shape
-from specflow.spec.compile import EngineConfig, SweepPlan
+from specflow.spec.compile import EngineConfig, SweepPlan, store_settings
 from specflow.spec.errors import Problem, SpecError
-from specflow.spec.hfcache import is_model_url, local_model
+from specflow.spec.hfcache import local_model
 from specflow.spec.memory import Headroom, headroom
 from specflow.spec.schema import Spec
 from specflow.workloads import MaterializedWorkload, materialize_all
@@ -247,11 +247,11 @@ def headroom_reports(loaded: Loaded, plan: SweepPlan) -> list[Headroom]:
 
 def _local_models(loaded: Loaded) -> bool:
     """Whether the spec points at the tiny local models (built on demand)."""
-    if is_model_url(loaded.spec.paths.models):
+    if is_url(loaded.spec.paths.models):
         return False
     root = Path(loaded.spec.paths.models).expanduser().resolve()
     return any(Path(p).expanduser().resolve().is_relative_to(root)
-               for p in model_locations(loaded.spec).values() if not is_model_url(p))
+               for p in model_locations(loaded.spec).values() if not is_url(p))
 
 
 def _vllm_facts(loaded: Loaded, plan: SweepPlan) -> vllm_check.VllmFacts:
@@ -347,12 +347,10 @@ def check_workdir(spec: Spec) -> None:
     """SpecError naming `tracking.workdir` unless its store can be listed (the bucket exists,
     the credentials are accepted); a local directory is created. The same for
     `promote.output_dir` where it is a URL of its own."""
-    workdir, out = spec.tracking.workdir, spec.promote.output_dir
-    found = [("tracking.workdir", workdir)]
-    if is_url(out) and not out.startswith(workdir.rstrip("/") + "/"):
-        found.append(("promote.output_dir", out))
     problems = []
-    for setting, location in found:
+    for setting, location in store_settings(spec):
+        if setting != "tracking.workdir" and not is_url(location):
+            continue  # a local directory of champions is made when one is promoted
         try:
             Store(location, setting=setting, grace_s=spec.tracking.store_grace_s).check()
         except StoreError as exc:
