@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specflow.records.store import Store
-from specflow.spec.hfcache import COMPLETE, model_cache
+from specflow.spec.hfcache import COMPLETE, local_model, model_cache
 from specflow.spec.locations import is_url
 
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".msgpack", ".h5")
@@ -41,7 +41,7 @@ def fetch(location: str, *, weights: bool = True, setting: str = "paths.models")
     docstring); StoreError naming `setting` when the store refuses or cannot be reached,
     FileNotFoundError when there is no model at the URL."""
     if not is_url(location):
-        return Path(location).expanduser()
+        return Path(local_model(location))
     dest = model_cache(location, weights=weights)
     if (dest / COMPLETE).is_file():
         return dest
