@@ -1,6 +1,6 @@
 """Scale-out on a Prefect work pool, all on loopback: a `prefect server`, a process work pool,
 two workers each owning a distinct (fake) device id, a real `mlflow server`, an S3-compatible
-server (moto) holding the ledger and MLflow's artifacts, a sweep of four engine configs on the
+server (moto) holding the ledger and MLflow's artifacts, a sweep of three engine configs on the
 CPU engine dispatched by `python -m specflow dispatch.deployment=...`; one worker is SIGKILLed
 during its first engine config and a replacement worker joins. The workers and the sweep write
 to no shared directory: each has its own home and cache (`tracking.scratch` null); what they
@@ -82,7 +82,7 @@ def _worker(tmp: Path, env: dict[str, str], name: str, device: str) -> subproces
 @pytest.mark.engine
 def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
         tmp_path: Path, tiny_models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four engine configs on two workers (devices 0 and 1), the ledger, the champions, the
+    """Three engine configs on two workers (devices 0 and 1), the ledger, the champions, the
     models and MLflow's artifacts on a bucket, no directory shared (each process copies the
     models to its own cache). Worker 0 is SIGKILLed after the
     first window of its first config: its flow run's process and engine die with it, the
@@ -131,10 +131,14 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
                    "1": _worker(tmp_path, client_env, "gpu-1", "1")}
         procs += workers.values()
         overrides = ["experiment=cpu_tiny", "drafter=[none,ngram]",
-                     "+sweep.num_speculative_tokens.ngram=[1,2,3]", "workload=[chat]",
+                     "+sweep.num_speculative_tokens.ngram=[1,2]", "workload=[chat]",
                      "workload.chat.num_prompts=4", "workload.chat.max_tokens=16",
                      "sweep.concurrency=[1]", "sweep.repeats=3", "promote.min_repeats=2",
                      "sweep.closing_baseline_repeats=0", "sweep.design=grid",
+                     # what is checked is the fan-out, not a start's speed: two workers'
+                     # engines starting at once on a loaded 2-core machine took ~190 s to a
+                     # first window, and cpu's 300 s would record a starved start as a hang
+                     "backend.startup_timeout_s=900",
                      f"paths.models={models}", f"tracking.workdir={work}",
                      f"tracking.uri={mlflow_server.uri}"]
         with open(logs[1], "wb") as fh:
@@ -163,7 +167,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
             os.kill(workers["0"].pid, signal.SIGKILL)
             return True
 
-        live.wait_for("a window of worker 0's config", killed_mid_config, 600, *logs,
+        live.wait_for("a window of worker 0's config", killed_mid_config, 900, *logs,
                       every_s=0.1)
         workers["0"].wait(timeout=30)
         (sid,) = sweep_ids(work)
@@ -183,7 +187,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
         completed = [r for r in runs if r["state"] == "COMPLETED"]
         assert sorted(r["key"] for r in completed) == sorted(
             {e.hash for e in ledger.engine_starts()})  # one per config
-        assert len(completed) == 4
+        assert len(completed) == 3
         devices = {t for r in completed for t in r["tags"] if t.startswith("devices:")}
         assert devices == {"devices:0", "devices:1"}, runs
         lost = [r for r in runs if r["state"] == "CRASHED"]
@@ -194,7 +198,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
         # the windows measured before the kill were kept as they were
         recorded = live.windows(work)
         assert {k: recorded.get(k) for k in before} == before
-        assert len(recorded) == 12 and all(m["status"] == "ok" for m in recorded.values())
+        assert len(recorded) == 9 and all(m["status"] == "ok" for m in recorded.values())
 
         from mlflow.tracking import MlflowClient
 
@@ -251,7 +255,7 @@ def test_a_sweep_fans_out_to_two_workers_and_survives_one_killed(
         print_outcome(steps.outcome_summary(again, steps.decide(again)),
                       Console(file=shown, width=80, highlight=False), 0.0)
         assert live.decision_lines(shown.getvalue()) == decision
-        assert len(ledger.engine_starts()) == 5  # 4 configs + the lost one again
+        assert len(ledger.engine_starts()) == 4  # 3 configs + the lost one again
 
         # the Kubernetes recipe's pool and deployment, registered on the same server (no cluster)
         live.prefect(client_env, "work-pool", "create", "gpu-k8s", "--type", "kubernetes",
